@@ -1,0 +1,187 @@
+"""Decoding of any frame range of a stored recording, from its nearest seek point.
+
+:func:`decode_frames` never decodes from the start of a recording unless the
+range begins near it: it starts at the seek point at or before the first
+wanted frame minus the codec's pre-roll, places every decoded frame by its
+timestamp, and keeps only the wanted range.  The result equals the same range
+of a full sequential decode (bit-identical for PCM and FLAC; lossy codecs are
+checked against a sequential decode at pack time).
+
+The blob is any object supporting the buffer protocol, typically a zero-copy
+slice of a memory-mapped shard; only the bytes the demuxer asks for are read.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import av
+import numpy as np
+
+from codec.errors import CorruptDataError
+from codec.pcm import Int16Array, float_to_s16, int_to_s16, packed_to_s16, sample_bytes
+from codec.recording import DecodeMethod, FrameTiming, Recording
+from codec.seek_index import SeekPoint
+
+_SIGNED_BITS = {"s16": 16, "s16p": 16, "s32": 32, "s32p": 32}
+
+
+def decode_frames(blob: memoryview, recording: Recording, first: int, end: int) -> Int16Array:
+    """Frames ``[first, end)`` of ``recording`` as int16 of shape (frames, channels).
+
+    Raises :class:`CorruptDataError` naming the recording when the bytes do
+    not decode to the frames promised (truncated or corrupt data).
+    """
+    if not 0 <= first <= end <= recording.num_frames:
+        raise ValueError(f"frame range [{first}, {end}) outside [0, {recording.num_frames})")
+    if first == end:
+        return np.zeros((0, recording.channels), dtype=np.int16)
+    try:
+        if recording.method is DecodeMethod.PCM:
+            return _pcm_frames(blob, recording, first, end)
+        return _decoded_frames(blob, recording, first, end)
+    except CorruptDataError:
+        raise
+    except (av.error.FFmpegError, ValueError, EOFError, IndexError) as exc:
+        raise CorruptDataError(
+            f"cannot decode frames [{first}, {end}): {exc}", where=recording.recording_id
+        ) from exc
+
+
+def frame_to_s16(frame: Any) -> Int16Array:
+    """One decoded PyAV audio frame as int16 of shape (samples, channels)."""
+    array = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    name = frame.format.name
+    if array.dtype.kind == "f":
+        converted = float_to_s16(array)
+    elif name in _SIGNED_BITS:
+        converted = int_to_s16(array, _SIGNED_BITS[name])
+    elif name in ("u8", "u8p"):
+        converted = ((array.astype(np.int16) - 128) << 8).astype(np.int16)
+    else:
+        raise CorruptDataError(f"unexpected decoded sample format {name}")
+    if frame.format.is_planar:
+        return np.ascontiguousarray(converted.T)
+    return converted.reshape(-1, channels)
+
+
+def _pcm_frames(blob: memoryview, recording: Recording, first: int, end: int) -> Int16Array:
+    frame_bytes = sample_bytes(recording.pcm_format) * recording.channels
+    start = recording.header_bytes + first * frame_bytes
+    stop = recording.header_bytes + end * frame_bytes
+    if stop > len(blob):
+        raise CorruptDataError(
+            f"PCM data ends at byte {len(blob)}, frame {end} needs {stop}",
+            where=recording.recording_id,
+        )
+    flat = packed_to_s16(blob[start:stop], recording.pcm_format)
+    return flat.reshape(-1, recording.channels)
+
+
+def _decoded_frames(blob: memoryview, recording: Recording, first: int, end: int) -> Int16Array:
+    point = recording.seek_index.point_at_or_before(first - recording.preroll_frames)
+    output = np.empty((end - first, recording.channels), dtype=np.int16)
+    filled = first  # every frame before this position is in ``output``
+    with _open_at(blob, recording, point) as container:
+        stream = container.streams.audio[0]
+        if recording.method is DecodeMethod.SEEK and point.sample > recording.seek_index.samples[0]:
+            timeline_frames = max(point.sample + recording.timeline_origin, 0)
+            pts = timeline_frames / (recording.time_base * recording.sample_rate)
+            container.seek(int(pts), stream=stream, backward=True)
+        counted = point.sample  # the position of the next frame, for COUNTED timing
+        for frame in container.decode(stream):
+            position = _frame_position(recording, point, frame.pts, counted)
+            counted = position + frame.samples
+            if position + frame.samples <= filled:
+                continue
+            if position > filled:
+                raise CorruptDataError(
+                    f"gap in decoded audio: frames [{filled}, {position}) missing",
+                    where=recording.recording_id,
+                )
+            samples = frame_to_s16(frame)
+            take_from = filled - position
+            take = min(frame.samples - take_from, end - filled)
+            output[filled - first : filled - first + take] = samples[take_from : take_from + take]
+            filled += take
+            if filled >= end:
+                return output
+    raise CorruptDataError(
+        f"audio ends at frame {filled}, expected {recording.num_frames}",
+        where=recording.recording_id,
+    )
+
+
+def _frame_position(recording: Recording, point: SeekPoint, pts: int | None, counted: int) -> int:
+    if recording.timing is FrameTiming.COUNTED:
+        return counted
+    if pts is None:
+        raise CorruptDataError("decoded frame without timestamp", where=recording.recording_id)
+    if recording.timing is FrameTiming.RELATIVE:
+        return point.sample + round(pts * recording.time_base * recording.sample_rate)
+    return recording.position_of(pts)
+
+
+def _open_at(blob: memoryview, recording: Recording, point: SeekPoint) -> Any:
+    if recording.method is DecodeMethod.SPLICE:
+        reader: io.RawIOBase = SpliceReader(blob, recording.header_bytes, point.byte_offset)
+    else:
+        reader = SpliceReader(blob, 0, 0)
+    return av.open(reader, mode="r", format=recording.container_format)
+
+
+class SpliceReader(io.RawIOBase):
+    """A read-only file of ``blob[:header_bytes] + blob[resume_at:]``, without copying it.
+
+    Demuxers get the container header they need to set up the stream, then
+    the bytes from a seek point, as if the file had been cut there.
+    """
+
+    def __init__(self, blob: memoryview, header_bytes: int, resume_at: int) -> None:
+        super().__init__()
+        self._blob = memoryview(blob).cast("B")
+        self._header_bytes = min(header_bytes, resume_at)
+        self._resume_at = resume_at
+        self._size = self._header_bytes + len(self._blob) - resume_at
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            position = offset
+        elif whence == io.SEEK_CUR:
+            position = self._position + offset
+        elif whence == io.SEEK_END:
+            position = self._size + offset
+        else:
+            raise ValueError(f"invalid whence {whence}")
+        if position < 0:
+            raise ValueError("negative seek position")
+        self._position = position
+        return position
+
+    def tell(self) -> int:
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        count = 0
+        while count < len(target) and self._position < self._size:
+            source = self._source_at(self._position)
+            chunk = min(len(source), len(target) - count)
+            target[count : count + chunk] = source[:chunk]
+            count += chunk
+            self._position += chunk
+        return count
+
+    def _source_at(self, position: int) -> memoryview:
+        if position < self._header_bytes:
+            return self._blob[position : self._header_bytes]
+        return self._blob[self._resume_at + position - self._header_bytes :]

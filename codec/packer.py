@@ -1,0 +1,240 @@
+"""``cutfs pack``: from recordings and cuts to a shard directory.
+
+Packing runs in three steps.  Each recording is indexed (decoded once, in a
+pool of worker processes when ``jobs > 1``), its bytes are appended to a shard
+in input order, and at the end the cut frame ranges are computed and checked
+against the exact recording lengths and the tables and manifest are written.
+
+Everything is written into a temporary directory beside the output, renamed
+into place only when complete: a failed pack leaves no partial output and
+never touches an existing directory.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+
+from codec.cut import Cut, seconds_to_frames
+from codec.errors import SourceError
+from codec.recording import Recording
+from codec.recording_indexer import IndexedRecording, index_recording
+from codec.shard_writer import DEFAULT_SHARD_BYTES, ShardWriter
+from codec.sources import SourceCatalogue, SourceCut, SourceRecording, read_source
+
+ProgressCallback = Callable[[int, int, int], None]  # (recordings done, total, bytes stored)
+
+
+@dataclass
+class PackReport:
+    """What a pack wrote."""
+
+    output_dir: str
+    recordings: int = 0
+    cuts: int = 0
+    stored_bytes: int = 0
+    audio_seconds: float = 0.0
+    transcoded: dict[str, str] = field(default_factory=dict)  # recording id -> reason
+
+
+def pack(
+    sources: list[str],
+    output_dir: str,
+    *,
+    jobs: int = 1,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    on_progress: ProgressCallback | None = None,
+) -> PackReport:
+    """Pack the recordings and cuts read from ``sources`` into ``output_dir``.
+
+    Raises :class:`codec.errors.CutfsError` subclasses for bad input, naming
+    the file and the id; ``output_dir`` is then left as it was.
+    """
+    catalogue = read_source(sources)
+    _check_output_dir(output_dir)
+    for recording in catalogue.recordings:
+        if recording.path is not None and not os.path.isfile(recording.path):
+            raise SourceError(
+                f"recording {recording.recording_id!r}: audio file not found: {recording.path}",
+                where=recording.described_in,
+            )
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.partial-", dir=parent)
+    writer = ShardWriter(staging, max_shard_bytes)
+    try:
+        report = _pack_into(catalogue, staging, writer, jobs, on_progress)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private
+        if os.path.isdir(output_dir):
+            os.rmdir(output_dir)  # checked empty above
+        os.rename(staging, output_dir)
+    except BaseException:
+        writer.abort()
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    report.output_dir = output_dir
+    return report
+
+
+def _check_output_dir(output_dir: str) -> None:
+    if os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir)):
+        raise SourceError(
+            "the output exists and is not an empty directory; choose a new one or remove it",
+            where=output_dir,
+        )
+
+
+def _pack_into(
+    catalogue: SourceCatalogue,
+    staging: str,
+    writer: ShardWriter,
+    jobs: int,
+    on_progress: ProgressCallback | None,
+) -> PackReport:
+    report = PackReport(staging)
+    recordings: dict[str, tuple[int, Recording]] = {}
+    total = len(catalogue.recordings)
+    for source, indexed in zip(
+        catalogue.recordings, _indexed(catalogue, staging, jobs), strict=True
+    ):
+        stored_path = indexed.stored_path or source.path
+        assert stored_path is not None
+        with _mapped(stored_path) as blob:
+            index = writer.add_recording(indexed.recording, blob, source.origin)
+            report.stored_bytes += len(blob)
+        if indexed.stored_path is not None:
+            os.unlink(indexed.stored_path)
+        recordings[source.recording_id] = (index, indexed.recording)
+        report.audio_seconds += indexed.recording.duration_seconds
+        if indexed.recording.transcoded_from:
+            report.transcoded[source.recording_id] = "; ".join(indexed.notes)
+        if on_progress is not None:
+            on_progress(len(recordings), total, report.stored_bytes)
+    cuts = [_cut(source_cut, recordings) for source_cut in catalogue.cuts]
+    writer.finish(
+        cuts,
+        {"created_by": "cutfs", "source": catalogue.kind, "transcoded": len(report.transcoded)},
+    )
+    report.recordings = len(recordings)
+    report.cuts = len(cuts)
+    return report
+
+
+def _indexed(catalogue: SourceCatalogue, staging: str, jobs: int) -> Iterator[IndexedRecording]:
+    tasks = [(recording, staging) for recording in catalogue.recordings]
+    if jobs <= 1 or len(tasks) <= 1:
+        yield from (_index_task(task) for task in tasks)
+        return
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        yield from pool.map(_index_task, tasks)
+
+
+def _index_task(task: tuple[SourceRecording, str]) -> IndexedRecording:
+    source, staging = task
+    path = source.path
+    if source.command is not None:
+        path = _run_command(source, staging)
+    assert path is not None
+    with _mapped(path, source) as blob:
+        indexed = index_recording(blob, source.recording_id, staging)
+    if source.command is not None and indexed.stored_path is None:
+        indexed.stored_path = path
+    elif source.command is not None:
+        os.unlink(path)
+    return indexed
+
+
+def _run_command(source: SourceRecording, staging: str) -> str:
+    descriptor, path = tempfile.mkstemp(prefix="command-", suffix=".audio", dir=staging)
+    with os.fdopen(descriptor, "wb") as output:
+        result = subprocess.run(
+            ["/bin/sh", "-c", source.command or ""],
+            stdout=output,
+            stderr=subprocess.PIPE,
+            check=False,
+        )
+    if result.returncode != 0:
+        message = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        raise SourceError(
+            f"recording {source.recording_id!r}: command exited with status "
+            f"{result.returncode}: {message[0]}",
+            where=source.described_in,
+        )
+    return path
+
+
+class _mapped:  # noqa: N801 - used as a context manager, like open()
+    """A read-only memory map of a whole file, as a memoryview."""
+
+    def __init__(self, path: str, source: SourceRecording | None = None) -> None:
+        self._path = path
+        self._source = source
+        self._map: mmap.mmap | None = None
+        self._view: memoryview | None = None
+
+    def __enter__(self) -> memoryview:
+        try:
+            with open(self._path, "rb") as audio_file:
+                if os.fstat(audio_file.fileno()).st_size == 0:
+                    raise SourceError("the file is empty", where=self._describe())
+                self._map = mmap.mmap(audio_file.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:
+            raise SourceError(f"cannot read: {exc.strerror}", where=self._describe()) from exc
+        self._view = memoryview(self._map)
+        return self._view
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._view is not None:
+            self._view.release()
+        if self._map is not None:
+            self._map.close()
+
+    def _describe(self) -> str:
+        if self._source is None:
+            return self._path
+        return f"{self._path} (recording {self._source.recording_id!r})"
+
+
+def _cut(source: SourceCut, recordings: dict[str, tuple[int, Recording]]) -> Cut:
+    index, recording = recordings[source.recording_id]
+    rate = recording.sample_rate
+    start = seconds_to_frames(source.start_seconds, rate)
+    if source.duration_seconds is None:
+        length = recording.num_frames - start
+    else:
+        length = seconds_to_frames(source.duration_seconds, rate)
+    if start + length > recording.num_frames or length < 0:
+        raise SourceError(
+            f"cut {source.cut_id!r} ends at {(start + length) / rate:.6f} s, after the end of "
+            f"recording {source.recording_id!r} ({recording.duration_seconds:.6f} s, "
+            f"{recording.num_frames} frames at {rate} Hz)",
+            where=source.described_in,
+        )
+    channels = source.channels or ()
+    for channel in channels:
+        if channel >= recording.channels:
+            raise SourceError(
+                f"cut {source.cut_id!r} asks for channel {channel} of recording "
+                f"{source.recording_id!r}, which has {recording.channels}",
+                where=source.described_in,
+            )
+    if channels == tuple(range(recording.channels)):
+        channels = ()
+    return Cut(
+        source.cut_id,
+        index,
+        start,
+        length,
+        channels,
+        json.dumps(source.metadata, ensure_ascii=False, sort_keys=True),
+    )

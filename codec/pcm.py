@@ -1,0 +1,72 @@
+"""Conversion of decoded or stored samples to interleaved 16-bit PCM.
+
+The conversions are the ones FFmpeg's command line applies when asked for
+``-f s16le`` (libswresample without dithering), so that served samples equal
+an independent ``ffmpeg`` decode:
+
+* integer samples keep their 16 most significant bits (an arithmetic shift);
+* unsigned 8-bit samples are re-centred and shifted up;
+* floating-point samples are scaled by 32768, rounded half to even and clipped.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+Int16Array = npt.NDArray[np.int16]
+
+#: Sample formats cutfs reads directly from WAV data, with their numpy dtype.
+PCM_DTYPES: Final[dict[str, str]] = {
+    "u8": "u1",
+    "s16": "<i2",
+    "s24": "V3",
+    "s32": "<i4",
+    "f32": "<f4",
+    "f64": "<f8",
+}
+
+
+def float_to_s16(samples: npt.NDArray[np.floating]) -> Int16Array:
+    """Scale, round half to even and clip, as ``lrintf(x * 32768)`` does."""
+    scaled = np.rint(np.asarray(samples, dtype=np.float64) * 32768.0)
+    return np.clip(scaled, -32768, 32767).astype(np.int16)
+
+
+def int_to_s16(samples: npt.NDArray[np.integer], bits: int) -> Int16Array:
+    """Keep the top 16 bits of signed ``bits``-bit samples."""
+    if bits == 16:
+        return np.asarray(samples, dtype=np.int16)
+    return (np.asarray(samples, dtype=np.int64) >> (bits - 16)).astype(np.int16)
+
+
+def packed_to_s16(raw: bytes | memoryview, sample_format: str) -> Int16Array:
+    """Interpret little-endian packed samples of ``sample_format`` as int16.
+
+    ``raw`` must hold a whole number of samples.  The result is flat
+    (interleaved frames).  For ``s16`` the result is a read-only view of
+    ``raw`` with no copy.
+    """
+    if sample_format == "s16":
+        return np.frombuffer(raw, dtype="<i2")
+    if sample_format == "u8":
+        values = np.frombuffer(raw, dtype=np.uint8).astype(np.int16)
+        return ((values - 128) << 8).astype(np.int16)
+    if sample_format == "s24":
+        triples = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3)
+        # The top two bytes of a little-endian 24-bit sample are its top 16 bits.
+        return (triples[:, 1].astype(np.int16) | (triples[:, 2].astype(np.int16) << 8)).astype(
+            np.int16
+        )
+    if sample_format == "s32":
+        return int_to_s16(np.frombuffer(raw, dtype="<i4"), 32)
+    if sample_format in ("f32", "f64"):
+        return float_to_s16(np.frombuffer(raw, dtype=PCM_DTYPES[sample_format]))
+    raise ValueError(f"unknown sample format {sample_format!r}")
+
+
+def sample_bytes(sample_format: str) -> int:
+    """Bytes per sample of a packed sample format."""
+    return {"u8": 1, "s16": 2, "s24": 3, "s32": 4, "f32": 4, "f64": 8}[sample_format]

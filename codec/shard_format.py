@@ -1,0 +1,74 @@
+"""The on-disk format of a shard directory, version 1.
+
+A shard directory holds:
+
+``manifest.json``
+    ``{"format": "cutfs-shards", "version": 1, "shards": [...], ...}``,
+    written last: a directory without it is not a shard directory.
+``shard-NNNNN.arrow``
+    Arrow IPC files (uncompressed, so blobs can be memory-mapped and sliced
+    without a copy) with columns ``recording_id`` and ``blob``; each record
+    batch holds one recording's encoded bytes, unchanged from the source
+    unless the recording was transcoded to FLAC.
+``recordings.arrow``
+    One row per recording: where its blob is and its decoding plan
+    (:class:`codec.recording.Recording`), seek index included.
+``cuts.arrow``
+    One row per cut: its id, recording, frame range, channels and metadata.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pyarrow as pa
+
+FORMAT_NAME: Final = "cutfs-shards"
+FORMAT_VERSION: Final = 1
+MANIFEST_FILE: Final = "manifest.json"
+RECORDINGS_FILE: Final = "recordings.arrow"
+CUTS_FILE: Final = "cuts.arrow"
+
+
+def shard_file_name(number: int) -> str:
+    return f"shard-{number:05d}.arrow"
+
+
+SHARD_SCHEMA: Final = pa.schema([("recording_id", pa.string()), ("blob", pa.large_binary())])
+
+RECORDINGS_SCHEMA: Final = pa.schema(
+    [
+        ("recording_id", pa.string()),
+        ("shard", pa.int32()),
+        ("batch", pa.int32()),
+        ("stored_bytes", pa.int64()),
+        ("source", pa.string()),
+        ("sample_rate", pa.int32()),
+        ("channels", pa.int32()),
+        ("num_frames", pa.int64()),
+        ("method", pa.string()),
+        ("container_format", pa.string()),
+        ("codec_name", pa.string()),
+        ("header_bytes", pa.int64()),
+        ("pcm_format", pa.string()),
+        ("timing", pa.string()),
+        ("timeline_origin", pa.int64()),
+        ("time_base_numerator", pa.int64()),
+        ("time_base_denominator", pa.int64()),
+        ("preroll_frames", pa.int64()),
+        ("transcoded_from", pa.string()),
+        ("seek_samples", pa.large_list(pa.int64())),
+        ("seek_byte_offsets", pa.large_list(pa.int64())),
+    ]
+)
+
+CUTS_SCHEMA: Final = pa.schema(
+    [
+        ("cut_id", pa.string()),
+        ("recording", pa.int32()),
+        ("start_frame", pa.int64()),
+        ("num_frames", pa.int64()),
+        ("channels", pa.list_(pa.int16())),
+        ("metadata", pa.string()),
+    ]
+)

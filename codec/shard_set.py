@@ -1,0 +1,230 @@
+"""Reading a shard directory: recordings, cuts and zero-copy blob views."""
+
+from __future__ import annotations
+
+import json
+import os
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from codec.cut import Cut
+from codec.decoder import decode_frames
+from codec.errors import ShardFormatError
+from codec.pcm import Int16Array
+from codec.recording import DecodeMethod, FrameTiming, Recording
+from codec.seek_index import SeekIndex
+from codec.shard_format import (
+    CUTS_FILE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    RECORDINGS_FILE,
+)
+from codec.storage import LocalStorage, Storage
+
+
+class ShardSet:
+    """An opened shard directory.
+
+    Opening reads the manifest and the two tables and checks that they agree
+    with each other; blobs are located lazily, on first use, and handed out as
+    ``memoryview`` slices of the memory-mapped shard: reading a cut touches
+    only the pages the decoder asks for.
+    """
+
+    def __init__(self, directory: str, storage: Storage | None = None) -> None:
+        self.directory = directory
+        self._storage = storage or LocalStorage(directory)
+        self.manifest = _read_manifest(directory)
+        self._shard_names = [str(shard["file"]) for shard in self.manifest["shards"]]
+        recordings = _read_table(directory, RECORDINGS_FILE)
+        self._blob_places = list(
+            zip(
+                recordings.column("shard").to_pylist(),
+                recordings.column("batch").to_pylist(),
+                recordings.column("stored_bytes").to_pylist(),
+                strict=True,
+            )
+        )
+        self.recordings = [_recording_from_row(row) for row in recordings.to_pylist()]
+        self.recording_sources: list[str] = recordings.column("source").to_pylist()
+        cuts = _read_table(directory, CUTS_FILE)
+        self.cut_ids: list[str] = cuts.column("cut_id").to_pylist()
+        self.cut_recordings: npt.NDArray[np.int64] = _int_column(cuts, "recording")
+        self.cut_start_frames: npt.NDArray[np.int64] = _int_column(cuts, "start_frame")
+        self.cut_num_frames: npt.NDArray[np.int64] = _int_column(cuts, "num_frames")
+        self._cut_channels = cuts.column("channels")
+        self._cut_metadata = cuts.column("metadata")
+        self._readers: dict[int, tuple[memoryview, Any]] = {}
+        self._blobs: dict[int, tuple[int, int, int]] = {}
+        self._check()
+
+    def close(self) -> None:
+        self._readers.clear()
+        self._storage.close()
+
+    def __enter__(self) -> ShardSet:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def num_cuts(self) -> int:
+        return len(self.cut_ids)
+
+    def cut(self, index: int) -> Cut:
+        """The cut at ``index`` of the cuts table."""
+        channels = self._cut_channels[index].as_py()
+        return Cut(
+            cut_id=self.cut_ids[index],
+            recording_index=int(self.cut_recordings[index]),
+            start_frame=int(self.cut_start_frames[index]),
+            num_frames=int(self.cut_num_frames[index]),
+            channels=tuple(channels or ()),
+            metadata_json=str(self._cut_metadata[index].as_py()),
+        )
+
+    def blob(self, recording_index: int) -> memoryview:
+        """The stored bytes of a recording, as a view of the mapped shard (no copy)."""
+        place = self._blobs.get(recording_index)
+        if place is None:
+            place = self._locate_blob(recording_index)
+            self._blobs[recording_index] = place
+        shard, start, end = place
+        return self._shard(shard)[0][start:end]
+
+    def read_frames(self, recording_index: int, first: int, end: int) -> Int16Array:
+        """Frames ``[first, end)`` of the full decode of a recording."""
+        return decode_frames(
+            self.blob(recording_index), self.recordings[recording_index], first, end
+        )
+
+    def _locate_blob(self, recording_index: int) -> tuple[int, int, int]:
+        shard, batch_number, stored_bytes = self._blob_places[recording_index]
+        where = (
+            f"{self._shard_names[shard]}, recording {self.recordings[recording_index].recording_id}"
+        )
+        view, reader = self._shard(shard)
+        try:
+            blobs = reader.get_batch(batch_number).column(1)
+            _, offsets_buffer, values = blobs.buffers()
+            offsets = np.frombuffer(offsets_buffer, dtype=np.int64)
+            start = int(offsets[blobs.offset])
+            end = int(offsets[blobs.offset + 1])
+        except (pa.ArrowException, IndexError, ValueError) as exc:
+            raise ShardFormatError(f"cannot locate the blob: {exc}", where=where) from exc
+        base = pa.py_buffer(view).address
+        absolute = values.address - base + start
+        if end - start != stored_bytes or absolute < 0 or absolute + stored_bytes > len(view):
+            raise ShardFormatError("the blob is not where the recordings table says", where=where)
+        return shard, absolute, absolute + stored_bytes
+
+    def _shard(self, number: int) -> tuple[memoryview, Any]:
+        opened = self._readers.get(number)
+        if opened is None:
+            name = self._shard_names[number]
+            try:
+                view = self._storage.open_shard(name)
+                reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(view)))
+            except (OSError, ValueError, pa.ArrowException) as exc:
+                raise ShardFormatError(f"cannot open shard: {exc}", where=name) from exc
+            opened = (view, reader)
+            self._readers[number] = opened
+        return opened
+
+    def _check(self) -> None:
+        """Refuse tables that contradict each other or the manifest."""
+        num_recordings = len(self.recordings)
+        for number, (shard, _, stored) in enumerate(self._blob_places):
+            if not 0 <= shard < len(self._shard_names) or stored < 0:
+                raise ShardFormatError(
+                    f"recording {self.recordings[number].recording_id} points at shard {shard}",
+                    where=self.directory,
+                )
+        if len(self.cut_recordings) and (
+            self.cut_recordings.min() < 0 or self.cut_recordings.max() >= num_recordings
+        ):
+            raise ShardFormatError(
+                "a cut refers to a recording that does not exist", where=self.directory
+            )
+        frames = np.array([rec.num_frames for rec in self.recordings], dtype=np.int64)
+        ends = self.cut_start_frames + self.cut_num_frames
+        bad = (self.cut_start_frames < 0) | (self.cut_num_frames < 0)
+        if len(ends):
+            bad |= ends > frames[self.cut_recordings]
+        if bad.any():
+            index = int(np.flatnonzero(bad)[0])
+            raise ShardFormatError(
+                f"cut {self.cut_ids[index]!r} lies outside its recording", where=self.directory
+            )
+        if len(set(self.cut_ids)) != len(self.cut_ids):
+            raise ShardFormatError("cut ids are not unique", where=self.directory)
+
+
+def _read_manifest(directory: str) -> dict[str, Any]:
+    path = os.path.join(directory, MANIFEST_FILE)
+    try:
+        with open(path, encoding="utf-8") as manifest_file:
+            manifest = json.load(manifest_file)
+    except FileNotFoundError as exc:
+        raise ShardFormatError("not a shard directory (no manifest.json)", where=directory) from exc
+    except (OSError, ValueError) as exc:
+        raise ShardFormatError(f"unreadable manifest: {exc}", where=path) from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise ShardFormatError("not a cutfs shard manifest", where=path)
+    if manifest.get("version") != FORMAT_VERSION:
+        raise ShardFormatError(
+            f"shard format version {manifest.get('version')} is not supported "
+            f"(this cutfs reads version {FORMAT_VERSION})",
+            where=path,
+        )
+    if not isinstance(manifest.get("shards"), list):
+        raise ShardFormatError("the manifest lists no shards", where=path)
+    return manifest
+
+
+def _read_table(directory: str, name: str) -> pa.Table:
+    path = os.path.join(directory, name)
+    try:
+        with pa.OSFile(path, "rb") as source:  # tables are small: read them into memory
+            return pa.ipc.open_file(source).read_all()
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardFormatError(f"cannot read table: {exc}", where=path) from exc
+
+
+def _int_column(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
+    return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
+
+
+def _recording_from_row(row: dict[str, Any]) -> Recording:
+    try:
+        if row["sample_rate"] <= 0 or row["channels"] <= 0 or row["num_frames"] < 0:
+            raise ValueError("sample rate, channels and length must be positive")
+        if row["header_bytes"] < 0 or row["preroll_frames"] < 0:
+            raise ValueError("negative header size or pre-roll")
+        return Recording(
+            recording_id=row["recording_id"],
+            sample_rate=row["sample_rate"],
+            channels=row["channels"],
+            num_frames=row["num_frames"],
+            method=DecodeMethod(row["method"]),
+            container_format=row["container_format"],
+            codec_name=row["codec_name"],
+            seek_index=SeekIndex.from_points(row["seek_samples"], row["seek_byte_offsets"]),
+            header_bytes=row["header_bytes"],
+            pcm_format=row["pcm_format"],
+            timing=FrameTiming(row["timing"]),
+            timeline_origin=row["timeline_origin"],
+            time_base=Fraction(row["time_base_numerator"], row["time_base_denominator"] or 1),
+            preroll_frames=row["preroll_frames"],
+            transcoded_from=row["transcoded_from"],
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ShardFormatError(
+            f"invalid recording row: {exc}", where=str(row.get("recording_id"))
+        ) from exc

@@ -1,0 +1,155 @@
+"""Writing a shard directory (see :mod:`codec.shard_format`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from codec.cut import Cut
+from codec.recording import Recording
+from codec.shard_format import (
+    CUTS_FILE,
+    CUTS_SCHEMA,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    RECORDINGS_FILE,
+    RECORDINGS_SCHEMA,
+    SHARD_SCHEMA,
+    shard_file_name,
+)
+
+DEFAULT_SHARD_BYTES = 1 << 30
+
+
+class ShardWriter:
+    """Appends recordings to shards of about ``max_shard_bytes``, then the tables.
+
+    A shard is closed once it holds ``max_shard_bytes`` or more, so a shard
+    exceeds that size by at most one recording.  The manifest is written by
+    :meth:`finish`, last, so an interrupted write never looks complete.
+    """
+
+    def __init__(self, directory: str, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+        if max_shard_bytes <= 0:
+            raise ValueError("the shard size must be positive")
+        self._directory = directory
+        self._max_shard_bytes = max_shard_bytes
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._sink: pa.OSFile | None = None
+        self._shard_bytes = 0
+        self._shard_batches = 0
+        self._shards: list[dict[str, Any]] = []
+        self._rows: list[dict[str, Any]] = []
+
+    def add_recording(self, recording: Recording, blob: memoryview, source: str) -> int:
+        """Store one recording's bytes; returns its index in the recordings table."""
+        if self._writer is None or self._shard_bytes >= self._max_shard_bytes:
+            self._open_next_shard()
+        assert self._writer is not None
+        self._writer.write_batch(_blob_batch(recording.recording_id, blob))
+        self._rows.append(
+            _recording_row(recording, len(self._shards) - 1, self._shard_batches, len(blob), source)
+        )
+        self._shard_bytes += len(blob)
+        self._shard_batches += 1
+        return len(self._rows) - 1
+
+    def finish(self, cuts: list[Cut], extra: dict[str, Any] | None = None) -> None:
+        """Write the recordings and cuts tables and the manifest."""
+        self._close_shard()
+        recordings = pa.Table.from_pylist(self._rows, schema=RECORDINGS_SCHEMA)
+        _write_table(os.path.join(self._directory, RECORDINGS_FILE), recordings)
+        cut_table = pa.Table.from_pydict(
+            {
+                "cut_id": [cut.cut_id for cut in cuts],
+                "recording": [cut.recording_index for cut in cuts],
+                "start_frame": [cut.start_frame for cut in cuts],
+                "num_frames": [cut.num_frames for cut in cuts],
+                "channels": [list(cut.channels) for cut in cuts],
+                "metadata": [cut.metadata_json for cut in cuts],
+            },
+            schema=CUTS_SCHEMA,
+        )
+        _write_table(os.path.join(self._directory, CUTS_FILE), cut_table)
+        manifest = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "shards": self._shards,
+            "recordings": len(self._rows),
+            "cuts": len(cuts),
+            **(extra or {}),
+        }
+        path = os.path.join(self._directory, MANIFEST_FILE)
+        with open(path + ".tmp", "w", encoding="utf-8") as manifest_file:
+            json.dump(manifest, manifest_file, indent=2)
+            manifest_file.write("\n")
+        os.replace(path + ".tmp", path)
+
+    def abort(self) -> None:
+        """Close open files without writing the tables."""
+        self._close_shard()
+
+    def _open_next_shard(self) -> None:
+        self._close_shard()
+        name = shard_file_name(len(self._shards))
+        self._sink = pa.OSFile(os.path.join(self._directory, name), "wb")
+        self._writer = pa.ipc.new_file(self._sink, SHARD_SCHEMA)
+        self._shards.append({"file": name, "recordings": 0, "bytes": 0})
+        self._shard_bytes = 0
+        self._shard_batches = 0
+
+    def _close_shard(self) -> None:
+        if self._writer is not None and self._sink is not None:
+            self._writer.close()
+            self._sink.close()
+            self._shards[-1]["recordings"] = self._shard_batches
+            self._shards[-1]["bytes"] = os.path.getsize(
+                os.path.join(self._directory, self._shards[-1]["file"])
+            )
+        self._writer = None
+        self._sink = None
+
+
+def _blob_batch(recording_id: str, blob: memoryview) -> pa.RecordBatch:
+    offsets = pa.py_buffer(np.array([0, len(blob)], dtype=np.int64).tobytes())
+    values = pa.py_buffer(blob)  # no copy: the writer streams it to the file
+    blobs = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, values])
+    return pa.RecordBatch.from_arrays([pa.array([recording_id]), blobs], schema=SHARD_SCHEMA)
+
+
+def _recording_row(
+    recording: Recording, shard: int, batch: int, stored_bytes: int, source: str
+) -> dict[str, Any]:
+    return {
+        "recording_id": recording.recording_id,
+        "shard": shard,
+        "batch": batch,
+        "stored_bytes": stored_bytes,
+        "source": source,
+        "sample_rate": recording.sample_rate,
+        "channels": recording.channels,
+        "num_frames": recording.num_frames,
+        "method": str(recording.method),
+        "container_format": recording.container_format,
+        "codec_name": recording.codec_name,
+        "header_bytes": recording.header_bytes,
+        "pcm_format": recording.pcm_format,
+        "timing": str(recording.timing),
+        "timeline_origin": recording.timeline_origin,
+        "time_base_numerator": recording.time_base.numerator,
+        "time_base_denominator": recording.time_base.denominator,
+        "preroll_frames": recording.preroll_frames,
+        "transcoded_from": recording.transcoded_from,
+        "seek_samples": recording.seek_index.samples,
+        "seek_byte_offsets": recording.seek_index.byte_offsets,
+    }
+
+
+def _write_table(path: str, table: pa.Table) -> None:
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)

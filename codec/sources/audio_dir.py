@@ -1,0 +1,61 @@
+"""A plain directory of audio files: each file one recording and one whole cut.
+
+Files are found recursively by extension; a file's id is its path relative to
+the directory, without the extension (``speaker1/take2.flac`` becomes
+``speaker1/take2``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from codec.errors import SourceError
+from codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
+
+AUDIO_EXTENSIONS = frozenset(
+    {
+        ".wav",
+        ".flac",
+        ".mp3",
+        ".ogg",
+        ".oga",
+        ".opus",
+        ".m4a",
+        ".mp4",
+        ".aac",
+        ".wv",
+        ".aiff",
+        ".aif",
+        ".webm",
+        ".mka",
+        ".wma",
+    }
+)
+
+
+def read_audio_dir(directory: str) -> SourceCatalogue:
+    recordings: list[SourceRecording] = []
+    cuts: list[SourceCut] = []
+    ids: dict[str, str] = {}
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        for name in sorted(files):
+            stem, extension = os.path.splitext(name)
+            if extension.lower() not in AUDIO_EXTENSIONS:
+                continue
+            path = os.path.join(root, name)
+            relative = os.path.relpath(os.path.join(root, stem), directory)
+            recording_id = relative.replace(os.sep, "/")
+            if recording_id in ids:
+                raise SourceError(
+                    f"two files give the id {recording_id!r}: {ids[recording_id]} and {path}",
+                    where=directory,
+                )
+            ids[recording_id] = path
+            recordings.append(
+                SourceRecording(recording_id, path=os.path.abspath(path), described_in=path)
+            )
+            cuts.append(SourceCut(recording_id, recording_id, described_in=path))
+    catalogue = SourceCatalogue(recordings, cuts, f"audio directory {directory}")
+    catalogue.check()
+    return catalogue

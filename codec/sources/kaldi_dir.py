@@ -1,0 +1,117 @@
+"""Kaldi data directories: ``wav.scp``, with ``segments``, ``utt2spk`` and ``text``.
+
+``wav.scp`` lines are ``<recording-id> <path>`` or ``<recording-id> <command> |``;
+commands are run once at pack time and their output stored.  Without
+``segments`` every recording is one cut named after it.  A segment end of
+``-1`` (or one at or before its start) means "to the end of the recording".
+"""
+
+from __future__ import annotations
+
+import os
+
+from codec.errors import SourceError
+from codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
+
+
+def is_kaldi_dir(path: str) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "wav.scp"))
+
+
+def read_kaldi_dir(directory: str) -> SourceCatalogue:
+    recordings = [
+        _recording(key, value, where)
+        for key, value, where in _table(os.path.join(directory, "wav.scp"))
+    ]
+    speakers = _optional_map(os.path.join(directory, "utt2spk"))
+    texts = _optional_map(os.path.join(directory, "text"))
+    segments_path = os.path.join(directory, "segments")
+    cuts: list[SourceCut] = []
+    if os.path.isfile(segments_path):
+        for utterance, value, where in _table(segments_path):
+            cuts.append(_segment(utterance, value, where, speakers, texts))
+    else:
+        for recording in recordings:
+            key = recording.recording_id
+            cuts.append(
+                SourceCut(
+                    key,
+                    key,
+                    metadata=_metadata(key, speakers, texts),
+                    described_in=recording.described_in,
+                )
+            )
+    catalogue = SourceCatalogue(recordings, cuts, f"Kaldi data directory {directory}")
+    catalogue.check()
+    return catalogue
+
+
+def _recording(key: str, value: str, where: str) -> SourceRecording:
+    if value.endswith("|"):
+        return SourceRecording(key, command=value[:-1].strip(), described_in=where)
+    base = os.path.dirname(where.rsplit(":", 1)[0])
+    path = value if os.path.isabs(value) else os.path.join(base, value)
+    if not os.path.exists(path) and os.path.exists(value):
+        path = value
+    return SourceRecording(key, path=os.path.abspath(path), described_in=where)
+
+
+def _segment(
+    utterance: str, value: str, where: str, speakers: dict[str, str], texts: dict[str, str]
+) -> SourceCut:
+    fields = value.split()
+    if len(fields) != 3:
+        raise SourceError("a segments line is '<utt> <recording> <start> <end>'", where=where)
+    recording_id, start_text, end_text = fields
+    try:
+        start, end = float(start_text), float(end_text)
+    except ValueError as exc:
+        raise SourceError(
+            f"segment {utterance!r}: start and end must be numbers", where=where
+        ) from exc
+    if start < 0:
+        raise SourceError(f"segment {utterance!r} starts before 0", where=where)
+    duration = None if end <= start else end - start
+    return SourceCut(
+        utterance,
+        recording_id,
+        start,
+        duration,
+        metadata=_metadata(utterance, speakers, texts),
+        described_in=where,
+    )
+
+
+def _metadata(key: str, speakers: dict[str, str], texts: dict[str, str]) -> dict[str, str]:
+    metadata = {}
+    if key in speakers:
+        metadata["speaker"] = speakers[key]
+    if key in texts:
+        metadata["text"] = texts[key]
+    return metadata
+
+
+def _optional_map(path: str) -> dict[str, str]:
+    if not os.path.isfile(path):
+        return {}
+    return {key: value for key, value, _ in _table(path, allow_empty_value=True)}
+
+
+def _table(path: str, allow_empty_value: bool = False) -> list[tuple[str, str, str]]:
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as lines:
+            for number, raw_line in enumerate(lines, start=1):
+                line = raw_line.strip()
+                if not line:
+                    continue
+                key, _, value = line.partition(" ")
+                where = f"{path}:{number}"
+                if not value.strip() and not allow_empty_value:
+                    raise SourceError(f"line for {key!r} has no value", where=where)
+                rows.append((key, value.strip(), where))
+    except OSError as exc:
+        raise SourceError(f"cannot read: {exc}", where=path) from exc
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"not UTF-8 text: {exc}", where=path) from exc
+    return rows

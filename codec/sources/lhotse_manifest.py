@@ -1,0 +1,206 @@
+"""Lhotse manifests: recordings plus supervisions or cuts, as JSONL (optionally gzipped).
+
+Read without Lhotse itself.  Each recording needs a single audio source of
+type ``file`` or ``command``.  Cuts come from a cuts manifest (MonoCut and
+MultiCut; their supervisions become metadata) or, without one, one cut per
+supervision.  Recordings embedded in a cuts manifest are used when no
+recordings manifest is given.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from codec.errors import SourceError
+from codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
+
+_SUPERVISION_FIELDS = ("speaker", "text", "language", "gender")
+
+
+def is_lhotse_manifest(path: str) -> bool:
+    name = os.path.basename(path)
+    return name.endswith((".jsonl", ".jsonl.gz"))
+
+
+def find_manifests(directory: str) -> list[str]:
+    """The Lhotse manifests in a directory (not searched recursively)."""
+    return sorted(
+        os.path.join(directory, name)
+        for name in os.listdir(directory)
+        if is_lhotse_manifest(name)
+        and any(kind in name for kind in ("recordings", "supervisions", "cuts"))
+    )
+
+
+def read_lhotse(paths: list[str]) -> SourceCatalogue:
+    """Read recordings, supervisions and cuts manifests, told apart by their names."""
+    recordings: dict[str, SourceRecording] = {}
+    supervisions: list[tuple[dict[str, Any], str]] = []
+    cuts: list[SourceCut] = []
+    for path in paths:
+        name = os.path.basename(path)
+        if "recordings" in name:
+            for item, where in _items(path):
+                _add_recording(recordings, item, where, os.path.dirname(path))
+        elif "supervisions" in name:
+            supervisions.extend(_items(path))
+        elif "cuts" in name:
+            for item, where in _items(path):
+                cuts.append(_cut(item, where, recordings, os.path.dirname(path)))
+        else:
+            raise SourceError(
+                "cannot tell what this manifest holds: its name should contain "
+                "'recordings', 'supervisions' or 'cuts'",
+                where=path,
+            )
+    if not cuts:
+        cuts = [_supervision_cut(item, where) for item, where in supervisions]
+    if not cuts:
+        cuts = [
+            SourceCut(rec.recording_id, rec.recording_id, described_in=rec.described_in)
+            for rec in recordings.values()
+        ]
+    catalogue = SourceCatalogue(list(recordings.values()), cuts, "Lhotse manifests")
+    catalogue.check()
+    return catalogue
+
+
+def _items(path: str) -> Iterator[tuple[dict[str, Any], str]]:
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{number}"
+                try:
+                    item = json.loads(line)
+                except ValueError as exc:
+                    raise SourceError(f"invalid JSON: {exc}", where=where) from exc
+                if not isinstance(item, dict):
+                    raise SourceError("each line must be a JSON object", where=where)
+                yield item, where
+    except OSError as exc:
+        raise SourceError(f"cannot read manifest: {exc}", where=path) from exc
+
+
+def _add_recording(
+    recordings: dict[str, SourceRecording], item: dict[str, Any], where: str, base: str
+) -> SourceRecording:
+    recording_id = _text(item, "id", where)
+    sources = item.get("sources")
+    if not isinstance(sources, list) or len(sources) != 1 or not isinstance(sources[0], dict):
+        raise SourceError(
+            f"recording {recording_id!r} must have exactly one audio source", where=where
+        )
+    source = sources[0]
+    kind = source.get("type")
+    location = source.get("source")
+    if not isinstance(location, str):
+        raise SourceError(f"recording {recording_id!r} has no source location", where=where)
+    if kind == "file":
+        recording = SourceRecording(recording_id, path=_resolve(location, base), described_in=where)
+    elif kind == "command":
+        recording = SourceRecording(recording_id, command=location, described_in=where)
+    else:
+        raise SourceError(
+            f"recording {recording_id!r}: source type {kind!r} is not supported "
+            "(use 'file' or 'command')",
+            where=where,
+        )
+    previous = recordings.get(recording_id)
+    if previous is not None and previous.origin != recording.origin:
+        raise SourceError(f"duplicate recording id {recording_id!r}", where=where)
+    recordings[recording_id] = recording
+    return recording
+
+
+def _cut(
+    item: dict[str, Any], where: str, recordings: dict[str, SourceRecording], base: str
+) -> SourceCut:
+    cut_id = _text(item, "id", where)
+    kind = item.get("type", "MonoCut")
+    if kind not in ("MonoCut", "MultiCut"):
+        raise SourceError(
+            f"cut {cut_id!r}: {kind} is not supported (MonoCut, MultiCut)", where=where
+        )
+    recording = item.get("recording")
+    if isinstance(recording, dict):
+        recording_id = _add_recording(recordings, recording, where, base).recording_id
+    else:
+        recording_id = _text(item, "recording_id", where)
+    supervisions = [
+        _supervision_metadata(sup)
+        for sup in item.get("supervisions") or []
+        if isinstance(sup, dict)
+    ]
+    metadata: dict[str, Any] = {"supervisions": supervisions}
+    if len(supervisions) == 1:
+        metadata.update(
+            {key: supervisions[0][key] for key in _SUPERVISION_FIELDS if key in supervisions[0]}
+        )
+    if "custom" in item:
+        metadata["custom"] = item["custom"]
+    return SourceCut(
+        cut_id=cut_id,
+        recording_id=recording_id,
+        start_seconds=_seconds(item, "start", where),
+        duration_seconds=_seconds(item, "duration", where),
+        channels=_channels(item.get("channel"), where),
+        metadata=metadata,
+        described_in=where,
+    )
+
+
+def _supervision_cut(item: dict[str, Any], where: str) -> SourceCut:
+    metadata = _supervision_metadata(item)
+    return SourceCut(
+        cut_id=_text(item, "id", where),
+        recording_id=_text(item, "recording_id", where),
+        start_seconds=_seconds(item, "start", where),
+        duration_seconds=_seconds(item, "duration", where),
+        channels=_channels(item.get("channel"), where),
+        metadata={
+            **{k: metadata[k] for k in _SUPERVISION_FIELDS if k in metadata},
+            "supervisions": [metadata],
+        },
+        described_in=where,
+    )
+
+
+def _supervision_metadata(item: dict[str, Any]) -> dict[str, Any]:
+    keep = ("id", "start", "duration", "channel", *_SUPERVISION_FIELDS, "custom")
+    return {key: item[key] for key in keep if item.get(key) is not None}
+
+
+def _channels(value: Any, where: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(channel, int) and channel >= 0 for channel in values):
+        raise SourceError(f"invalid channel {value!r}", where=where)
+    return tuple(values)
+
+
+def _text(item: dict[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise SourceError(f"missing or non-string {key!r}", where=where)
+    return value
+
+
+def _seconds(item: dict[str, Any], key: str, where: str) -> float:
+    value = item.get(key)
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise SourceError(f"{key!r} must be a non-negative number of seconds", where=where)
+    return float(value)
+
+
+def _resolve(location: str, base: str) -> str:
+    if os.path.isabs(location) or os.path.exists(location):
+        return os.path.abspath(location)
+    return os.path.abspath(os.path.join(base, location))

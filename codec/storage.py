@@ -1,0 +1,57 @@
+"""Access to the bytes of shard files, behind a narrow interface.
+
+The rest of cutfs asks a :class:`Storage` for a shard by name and gets a
+buffer it can slice without copying.  :class:`LocalStorage` memory-maps files
+of a local or network file system; a store for objects in the cloud can be
+added by implementing the same two methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from typing import Protocol
+
+
+class Storage(Protocol):
+    """Where shards live."""
+
+    def open_shard(self, name: str) -> memoryview:
+        """The whole shard as a read-only buffer; slicing it must not copy."""
+        ...
+
+    def close(self) -> None:
+        """Release every buffer handed out; none may be used afterwards."""
+        ...
+
+
+class LocalStorage:
+    """Shards as memory-mapped files in one directory.
+
+    Maps are advised ``MADV_RANDOM``: a cut touches a few hundred kilobytes of
+    a shard of a gigabyte, and the kernel's default read-ahead on a fault
+    would pull megabytes per cut from slow storage.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+        self._maps: dict[str, mmap.mmap] = {}
+
+    def open_shard(self, name: str) -> memoryview:
+        mapped = self._maps.get(name)
+        if mapped is None:
+            path = os.path.join(self._directory, name)
+            with open(path, "rb") as shard_file:
+                mapped = mmap.mmap(shard_file.fileno(), 0, access=mmap.ACCESS_READ)
+            if hasattr(mmap, "MADV_RANDOM"):
+                mapped.madvise(mmap.MADV_RANDOM)
+            self._maps[name] = mapped
+        return memoryview(mapped)
+
+    def close(self) -> None:
+        for mapped in self._maps.values():
+            # A map still exported to a live view goes away with the last view.
+            with contextlib.suppress(BufferError):
+                mapped.close()
+        self._maps.clear()

@@ -1,0 +1,171 @@
+"""Assembling and running the daemon for one mount.
+
+:func:`serve` opens the shard set, builds the filesystem, mounts it, reports
+readiness, answers requests until it is unmounted or gets SIGTERM, SIGINT
+or SIGHUP, and then unmounts and releases everything, in that order.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import pyfuse3
+import trio
+
+from codec.errors import ShardFormatError
+from codec.shard_set import ShardSet
+from vfs.block_cache import DEFAULT_BLOCK_FRAMES, BlockCache
+from vfs.decode_pool import DecodePool
+from vfs.filesystem import Filesystem
+from vfs.frame_source import FrameSource
+from vfs.operations import Operations
+
+log = logging.getLogger("cutfs.mount")
+
+
+class ExitCode:
+    """Exit statuses of ``cutfs mount``, one per kind of start-up failure."""
+
+    OK = 0
+    ERROR = 1  # unexpected failure
+    USAGE = 2  # bad command line
+    BAD_SHARDS = 3  # the shard directory is missing, of another version or inconsistent
+    BAD_MOUNTPOINT = 4  # the mountpoint is missing, not a directory, or mounting failed
+    NO_FUSE = 5  # /dev/fuse or fusermount3 is missing
+
+
+class MountError(Exception):
+    """A start-up failure, with the exit status it maps to."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    cache_bytes: int = 512 << 20
+    workers: int = 2
+    block_frames: int = DEFAULT_BLOCK_FRAMES
+    allow_other: bool = False
+    debug_fuse: bool = False
+
+
+def serve(
+    shard_dir: str, mountpoint: str, options: MountOptions, on_ready: Callable[[], None]
+) -> None:
+    """Mount ``shard_dir`` at ``mountpoint`` and serve until unmounted.
+
+    Raises :class:`MountError` for start-up failures.  ``on_ready`` is called
+    once the mount answers requests.
+    """
+    mountpoint = os.path.abspath(mountpoint)
+    _check_environment(mountpoint)
+    with ExitStack() as stack:
+        try:
+            shard_set = stack.enter_context(ShardSet(shard_dir))
+        except ShardFormatError as exc:
+            raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
+        pool = DecodePool(shard_set, options.workers)
+        stack.callback(pool.close)
+        cache = BlockCache(options.cache_bytes, options.block_frames)
+        filesystem = Filesystem(
+            shard_set, FrameSource(shard_set.recordings, cache, pool), mountpoint
+        )
+        operations = Operations(filesystem)
+        fuse_options = set(pyfuse3.default_options)
+        fuse_options |= {"fsname=cutfs", "subtype=cutfs", "ro", "nosuid", "nodev"}
+        if options.allow_other:
+            fuse_options.add("allow_other")
+        if options.debug_fuse:
+            fuse_options.add("debug")
+        try:
+            pyfuse3.init(operations, mountpoint, fuse_options)
+        except RuntimeError as exc:
+            raise MountError(
+                f"cannot mount at {mountpoint}: {exc}", ExitCode.BAD_MOUNTPOINT
+            ) from exc
+        log.info(
+            "mounted %s at %s: %d recordings, %d cuts",
+            shard_dir,
+            mountpoint,
+            len(shard_set.recordings),
+            shard_set.num_cuts,
+        )
+        try:
+            trio.run(_run, on_ready)
+        finally:
+            pyfuse3.close(unmount=True)  # also on errors: never leave a stale mount
+            log.info("unmounted %s", mountpoint)
+
+
+async def _run(on_ready: Callable[[], None]) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_signal)
+        on_ready()
+        _notify_systemd("READY=1")
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+async def _stop_on_signal() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signal_number in signals:
+            log.info("received %s: unmounting", signal.Signals(signal_number).name)
+            _notify_systemd("STOPPING=1")
+            pyfuse3.terminate()
+            return
+
+
+def _check_environment(mountpoint: str) -> None:
+    if not os.path.exists("/dev/fuse"):
+        raise MountError(
+            "/dev/fuse is missing: load the fuse module or install fuse3", ExitCode.NO_FUSE
+        )
+    try:
+        os.stat(mountpoint)
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            raise MountError(
+                f"mountpoint {mountpoint}: {exc.strerror}", ExitCode.BAD_MOUNTPOINT
+            ) from exc
+        clear_stale_mount(mountpoint)
+    if not os.path.isdir(mountpoint):
+        raise MountError(f"mountpoint {mountpoint} is not a directory", ExitCode.BAD_MOUNTPOINT)
+
+
+def clear_stale_mount(mountpoint: str) -> None:
+    """Unmount what a dead daemon left ("Transport endpoint is not connected")."""
+    log.warning("clearing the stale mount at %s left by a daemon that died", mountpoint)
+    try:
+        subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=True, capture_output=True)
+    except FileNotFoundError as exc:
+        raise MountError("fusermount3 is missing: install fuse3", ExitCode.NO_FUSE) from exc
+    except subprocess.CalledProcessError as exc:
+        raise MountError(
+            f"cannot clear the stale mount at {mountpoint}: {exc.stderr.decode().strip()}",
+            ExitCode.BAD_MOUNTPOINT,
+        ) from exc
+
+
+def _notify_systemd(message: str) -> None:
+    """Tell systemd (Type=notify) about our state, if it asked to be told."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+            notify.connect(address)
+            notify.sendall(message.encode())
+    except OSError as exc:
+        log.warning("cannot notify systemd: %s", exc)

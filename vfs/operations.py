@@ -1,0 +1,142 @@
+"""The pyfuse3 Operations: a thin adapter over :class:`vfs.filesystem.Filesystem`.
+
+This is the one place where exceptions become errno values.  pyfuse3 only
+understands :class:`pyfuse3.FUSEError`; anything else raised by a handler can
+end its main loop and leave a hung mount, so every handler goes through
+:func:`_errno_boundary`: expected filesystem errors pass through as their
+errno, cutfs errors (corrupt data, a dead decoder) become EIO with a log line
+naming the recording, and any other exception is logged with its traceback
+and also becomes EIO.
+
+File handles are inode numbers: files are immutable and need no per-open
+state.  Entries and attributes are cached by the kernel for a day and file
+contents stay in the page cache across opens (``keep_cache``).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+import pyfuse3
+
+from codec.errors import CutfsError
+from vfs.filesystem import Attributes, Filesystem, FsError
+
+log = logging.getLogger("cutfs.operations")
+
+CACHE_TIMEOUT_SECONDS = 86400.0
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _errno_boundary(
+    handler: Callable[_P, Coroutine[Any, Any, _R]],
+) -> Callable[_P, Coroutine[Any, Any, _R]]:
+    @functools.wraps(handler)
+    async def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await handler(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except FsError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except CutfsError as exc:
+            log.error("%s failed: %s", handler.__name__, exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception:
+            log.exception("%s failed unexpectedly", handler.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return guarded
+
+
+class Operations(pyfuse3.Operations):
+    """Answers the kernel's requests for one mount."""
+
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(
+        self, filesystem: Filesystem, uid: int | None = None, gid: int | None = None
+    ) -> None:
+        super().__init__()
+        self._fs = filesystem
+        self._uid = os.getuid() if uid is None else uid
+        self._gid = os.getgid() if gid is None else gid
+        self._time_ns = time.time_ns()
+
+    @_errno_boundary
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        return self._entry(self._fs.lookup(parent_inode, name))
+
+    @_errno_boundary
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._entry(self._fs.getattr(inode))
+
+    @_errno_boundary
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        self._fs.check_directory(inode)
+        return inode
+
+    @_errno_boundary
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        entries = self._fs.listing(fh)
+        for position in range(start_id, len(entries)):
+            name, inode = entries[position]
+            if not pyfuse3.readdir_reply(
+                token, name, self._entry(self._fs.getattr(inode)), position + 1
+            ):
+                break
+
+    @_errno_boundary
+    async def releasedir(self, fh: int) -> None:
+        return None
+
+    @_errno_boundary
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        self._fs.check_open(inode, flags)
+        return pyfuse3.FileInfo(fh=inode, keep_cache=True, direct_io=False)
+
+    @_errno_boundary
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await self._fs.read(fh, off, size)
+
+    @_errno_boundary
+    async def release(self, fh: int) -> None:
+        return None
+
+    @_errno_boundary
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        stats = pyfuse3.StatvfsData()
+        stats.f_bsize = stats.f_frsize = 4096
+        stats.f_blocks = stats.f_bfree = stats.f_bavail = 0
+        stats.f_files = stats.f_ffree = stats.f_favail = 0
+        stats.f_namemax = 255
+        return stats
+
+    def _entry(self, attributes: Attributes) -> pyfuse3.EntryAttributes:
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = attributes.inode
+        entry.generation = 0
+        entry.entry_timeout = CACHE_TIMEOUT_SECONDS
+        entry.attr_timeout = CACHE_TIMEOUT_SECONDS
+        entry.st_mode = attributes.mode
+        entry.st_nlink = attributes.links
+        entry.st_uid = self._uid
+        entry.st_gid = self._gid
+        entry.st_rdev = 0
+        entry.st_size = attributes.size_bytes
+        entry.st_blksize = 1 << 17
+        entry.st_blocks = -(-attributes.size_bytes // 512)
+        entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = self._time_ns
+        return entry
