@@ -14,6 +14,7 @@ slice of a memory-mapped shard; only the bytes the demuxer asks for are read.
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from typing import Any
 
 import av
@@ -27,20 +28,39 @@ from codec.seek_index import SeekPoint
 _SIGNED_BITS = {"s16": 16, "s16p": 16, "s32": 32, "s32p": 32}
 
 
-def decode_frames(blob: memoryview, recording: Recording, first: int, end: int) -> Int16Array:
+@dataclass
+class DecodeTrace:
+    """Counts of the work done by decodes, accumulated over the calls given it.
+
+    ``frames_decoded`` counts every frame that came out of the decoder,
+    including pre-roll and the frames before the wanted range;
+    ``bytes_read`` counts the stored bytes read (header splice included).
+    """
+
+    decodes: int = 0
+    frames_decoded: int = 0
+    bytes_read: int = 0
+
+
+def decode_frames(
+    blob: memoryview, recording: Recording, first: int, end: int, trace: DecodeTrace | None = None
+) -> Int16Array:
     """Frames ``[first, end)`` of ``recording`` as int16 of shape (frames, channels).
 
-    Raises :class:`CorruptDataError` naming the recording when the bytes do
-    not decode to the frames promised (truncated or corrupt data).
+    ``trace``, when given, accumulates the work done.  Raises
+    :class:`CorruptDataError` naming the recording when the bytes do not
+    decode to the frames promised (truncated or corrupt data).
     """
     if not 0 <= first <= end <= recording.num_frames:
         raise ValueError(f"frame range [{first}, {end}) outside [0, {recording.num_frames})")
     if first == end:
         return np.zeros((0, recording.channels), dtype=np.int16)
+    trace = trace if trace is not None else DecodeTrace()
+    trace.decodes += 1
     try:
         if recording.method is DecodeMethod.PCM:
-            return _pcm_frames(blob, recording, first, end)
-        return _decoded_frames(blob, recording, first, end)
+            return _pcm_frames(blob, recording, first, end, trace)
+        return _decoded_frames(blob, recording, first, end, trace)
     except CorruptDataError:
         raise
     except (av.error.FFmpegError, ValueError, EOFError, IndexError) as exc:
@@ -67,7 +87,9 @@ def frame_to_s16(frame: Any) -> Int16Array:
     return converted.reshape(-1, channels)
 
 
-def _pcm_frames(blob: memoryview, recording: Recording, first: int, end: int) -> Int16Array:
+def _pcm_frames(
+    blob: memoryview, recording: Recording, first: int, end: int, trace: DecodeTrace
+) -> Int16Array:
     frame_bytes = sample_bytes(recording.pcm_format) * recording.channels
     start = recording.header_bytes + first * frame_bytes
     stop = recording.header_bytes + end * frame_bytes
@@ -77,14 +99,19 @@ def _pcm_frames(blob: memoryview, recording: Recording, first: int, end: int) ->
             where=recording.recording_id,
         )
     flat = packed_to_s16(blob[start:stop], recording.pcm_format)
+    trace.bytes_read += stop - start
+    trace.frames_decoded += end - first
     return flat.reshape(-1, recording.channels)
 
 
-def _decoded_frames(blob: memoryview, recording: Recording, first: int, end: int) -> Int16Array:
+def _decoded_frames(
+    blob: memoryview, recording: Recording, first: int, end: int, trace: DecodeTrace
+) -> Int16Array:
     point = recording.seek_index.point_at_or_before(first - recording.preroll_frames)
     output = np.empty((end - first, recording.channels), dtype=np.int16)
     filled = first  # every frame before this position is in ``output``
-    with _open_at(blob, recording, point) as container:
+    reader = _reader_at(blob, recording, point)
+    with reader, av.open(reader, mode="r", format=recording.container_format) as container:
         stream = container.streams.audio[0]
         if recording.method is DecodeMethod.SEEK and point.sample > recording.seek_index.samples[0]:
             timeline_frames = max(point.sample + recording.timeline_origin, 0)
@@ -94,6 +121,9 @@ def _decoded_frames(blob: memoryview, recording: Recording, first: int, end: int
         for frame in container.decode(stream):
             position = _frame_position(recording, point, frame.pts, counted)
             counted = position + frame.samples
+            trace.frames_decoded += frame.samples
+            trace.bytes_read = trace.bytes_read - reader.bytes_read_reported + reader.bytes_read
+            reader.bytes_read_reported = reader.bytes_read
             if position + frame.samples <= filled:
                 continue
             if position > filled:
@@ -124,12 +154,10 @@ def _frame_position(recording: Recording, point: SeekPoint, pts: int | None, cou
     return recording.position_of(pts)
 
 
-def _open_at(blob: memoryview, recording: Recording, point: SeekPoint) -> Any:
+def _reader_at(blob: memoryview, recording: Recording, point: SeekPoint) -> SpliceReader:
     if recording.method is DecodeMethod.SPLICE:
-        reader: io.RawIOBase = SpliceReader(blob, recording.header_bytes, point.byte_offset)
-    else:
-        reader = SpliceReader(blob, 0, 0)
-    return av.open(reader, mode="r", format=recording.container_format)
+        return SpliceReader(blob, recording.header_bytes, point.byte_offset)
+    return SpliceReader(blob, 0, 0)
 
 
 class SpliceReader(io.RawIOBase):
@@ -146,6 +174,8 @@ class SpliceReader(io.RawIOBase):
         self._resume_at = resume_at
         self._size = self._header_bytes + len(self._blob) - resume_at
         self._position = 0
+        self.bytes_read = 0
+        self.bytes_read_reported = 0
 
     def readable(self) -> bool:
         return True
@@ -179,6 +209,7 @@ class SpliceReader(io.RawIOBase):
             target[count : count + chunk] = source[:chunk]
             count += chunk
             self._position += chunk
+        self.bytes_read += count
         return count
 
     def _source_at(self, position: int) -> memoryview:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections import deque
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -59,7 +60,14 @@ _PREROLL: Final[dict[str, tuple[float, int]]] = {
 }
 #: The seek index keeps a point about this often.
 SEEK_INTERVAL_SECONDS: Final = 0.5
-_CHECK_WINDOW_SECONDS: Final = 1.0
+#: No seek point among the last packets of a stream.
+_TAIL_PACKETS: Final = 16
+#: How many windows of the sequential decode are compared with decodes from
+#: the seek index, and how long they are.  AAC gets more, shorter windows:
+#: noise substitution, which makes decoding after a seek differ, may appear
+#: in some frames only.
+_CHECK_WINDOWS: Final[dict[str, tuple[int, float]]] = {"aac": (64, 0.25)}
+_DEFAULT_CHECK_WINDOWS: Final = (16, 0.5)
 
 
 @dataclass
@@ -128,6 +136,7 @@ class _Scan:
     header_bytes: int = 0
     packet_points: list[tuple[int, int]] = field(default_factory=list)  # (timeline frames, byte)
     counted_points: list[tuple[int, int]] = field(default_factory=list)  # (position, byte)
+    recent_offsets: deque[int] = field(default_factory=lambda: deque(maxlen=_TAIL_PACKETS))
     pending_packets: int = 0  # packets to go before the pending counted point starts
     pending_offset: int = -1
     check_windows: dict[int, Int16Array] = field(default_factory=dict)
@@ -147,6 +156,10 @@ class _Scan:
             points = self.counted_points
         else:
             points = [(timeline - origin, byte) for timeline, byte in self.packet_points]
+        # A demuxer started on the last few packets may never gain sync (FLAC's
+        # parser wants several frame headers), so the end is reached from before.
+        tail = self.recent_offsets[0] if self.recent_offsets else 0
+        points = points[:1] + [point for point in points[1:] if point[1] < tail]
         samples, offsets = _thin_points(points, round(SEEK_INTERVAL_SECONDS * self.sample_rate))
         seconds, minimum = _PREROLL.get(self.codec_name, (0.0, 0))
         return Recording(
@@ -189,7 +202,9 @@ def _scan(blob: memoryview, recording_id: str) -> _Scan:
         scan.container_format = container.format.name
         scan.codec_name = stream.codec_context.name
         scan.time_base = Fraction(stream.time_base) if stream.time_base else Fraction(0)
-        windows = _WindowCollector(_check_starts(container, stream))
+        count, seconds = _CHECK_WINDOWS.get(scan.codec_name, _DEFAULT_CHECK_WINDOWS)
+        rate = stream.codec_context.sample_rate or 8000
+        windows = _WindowCollector(_check_starts(container, rate, count), round(seconds * rate))
         try:
             for packet in container.demux(stream):
                 _note_packet(scan, packet)
@@ -215,6 +230,7 @@ def _note_packet(scan: _Scan, packet: Any) -> None:
             scan.pending_offset = -1
     if packet.pts is None or packet.pos is None or packet.pos < 0 or scan.time_base == 0:
         return
+    scan.recent_offsets.append(packet.pos)
     if not scan.packet_points:
         scan.header_bytes = packet.pos
     elif packet.pos <= scan.packet_points[-1][1]:
@@ -253,38 +269,39 @@ def _note_frame(scan: _Scan, frame: Any, windows: _WindowCollector) -> None:
     scan.num_frames += frame.samples
 
 
-def _check_starts(container: Any, stream: Any) -> list[int]:
-    """Frame positions at which a window of the full decode is kept for checking."""
-    rate = stream.codec_context.sample_rate or 8000
-    if container.duration:
-        estimated = int(container.duration * rate / 1_000_000)
-        fractions = (0.0, 0.013, 0.31, 0.62, 0.93, 0.999)
-        starts = {int(estimated * fraction) for fraction in fractions}
-        starts.add(max(estimated - 2 * rate, 0))
-    else:
-        starts = {0, rate, 7 * rate, 31 * rate, 127 * rate, 1031 * rate}
+def _check_starts(container: Any, rate: int, count: int) -> list[int]:
+    """Frame positions at which a window of the full decode is kept for checking.
+
+    The start, the very end and ``count`` positions spread over the
+    recording, each shifted by a pseudo-random fraction of a second so that
+    they fall at different places within packets.  Positions are estimated
+    from the container's duration; beyond the real end they are dropped.
+    """
+    if not container.duration:
+        return [0] + [rate * (7**power) for power in range(count)]
+    estimated = int(container.duration * rate / 1_000_000)
+    starts = {0, max(estimated - rate // 10, 0), max(estimated - 3 * rate, 0)}
+    for number in range(count):
+        jitter = (number * 7919) % rate
+        starts.add(min(estimated * number // count + jitter, max(estimated - 1, 0)))
     return sorted(starts)
 
 
 class _WindowCollector:
     """Keeps copies of the sequential decode at a few positions."""
 
-    def __init__(self, starts: list[int]) -> None:
+    def __init__(self, starts: list[int], window_frames: int) -> None:
         self._starts = starts
+        self._window = window_frames
         self._pieces: dict[int, list[Int16Array]] = {start: [] for start in starts}
-        self._length = 0
 
     def offer(self, position: int, frame: Any) -> None:
         end = position + frame.samples
-        wanted = [
-            start
-            for start in self._starts
-            if position < start + self._window(frame.sample_rate) and end > start
-        ]
+        window = self._window
+        wanted = [start for start in self._starts if position < start + window and end > start]
         if not wanted:
             return
         samples = frame_to_s16(frame)
-        window = self._window(frame.sample_rate)
         for start in wanted:
             lo = max(start, position)
             hi = min(start + window, end)
@@ -296,10 +313,6 @@ class _WindowCollector:
             for start, pieces in self._pieces.items()
             if pieces and start < num_frames
         }
-
-    def _window(self, sample_rate: int) -> int:
-        self._length = self._length or round(_CHECK_WINDOW_SECONDS * sample_rate)
-        return self._length
 
 
 def _seeks_match(blob: memoryview, recording: Recording, scan: _Scan) -> bool:

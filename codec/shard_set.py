@@ -12,7 +12,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from codec.cut import Cut
-from codec.decoder import decode_frames
+from codec.decoder import DecodeTrace, decode_frames
 from codec.errors import ShardFormatError
 from codec.pcm import Int16Array
 from codec.recording import DecodeMethod, FrameTiming, Recording
@@ -98,11 +98,12 @@ class ShardSet:
         shard, start, end = place
         return self._shard(shard)[0][start:end]
 
-    def read_frames(self, recording_index: int, first: int, end: int) -> Int16Array:
+    def read_frames(
+        self, recording_index: int, first: int, end: int, trace: DecodeTrace | None = None
+    ) -> Int16Array:
         """Frames ``[first, end)`` of the full decode of a recording."""
-        return decode_frames(
-            self.blob(recording_index), self.recordings[recording_index], first, end
-        )
+        recording = self.recordings[recording_index]
+        return decode_frames(self.blob(recording_index), recording, first, end, trace)
 
     def _locate_blob(self, recording_index: int) -> tuple[int, int, int]:
         shard, batch_number, stored_bytes = self._blob_places[recording_index]

@@ -1,0 +1,242 @@
+"""Shared fixtures: a local test corpus, its ffmpeg references, packed shards, mounts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from corpus import ENCODINGS, ffmpeg_decode, make_corpus
+
+CORPUS_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Reference:
+    samples: np.ndarray  # int16 (frames, channels): ffmpeg's full decode
+    rate: int
+    channels: int
+    lossless: bool
+
+    def assert_matches(self, actual: np.ndarray, first: int) -> None:
+        """``actual`` equals frames from ``first`` on: exactly, or within 1 LSB for lossy codecs."""
+        expected = self.samples[first : first + len(actual)]
+        assert actual.shape == expected.shape
+        difference = np.abs(actual.astype(np.int32) - expected.astype(np.int32))
+        tolerance = 0 if self.lossless else 1
+        assert int(difference.max(initial=0)) <= tolerance
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Every test encoding, ``CORPUS_SECONDS`` long."""
+    return make_corpus(str(tmp_path_factory.mktemp("corpus")), CORPUS_SECONDS)
+
+
+@pytest.fixture(scope="session")
+def references(corpus: dict[str, str]) -> dict[str, Reference]:
+    lossless = {encoding.name: encoding.lossless for encoding in ENCODINGS}
+    return {
+        name: Reference(*ffmpeg_decode(path), lossless=lossless[name])
+        for name, path in corpus.items()
+    }
+
+
+def recording_id(name: str) -> str:
+    return name.rsplit(".", 1)[0]
+
+
+ODD_IDS = (
+    "spk1/sess2/utt3",
+    "..",
+    ".",
+    "",
+    "%percent",
+    "x" * 300,
+    "with space",
+    "ünïcödé/ок",
+    "nul\u0000id",
+    "a//b",
+    "trailing/",
+)
+
+
+def cut_plan(references: dict[str, Reference]) -> list[dict[str, object]]:
+    """Cuts of every recording: at the start, at the very end, overlapping, odd ids, channels."""
+    cuts: list[dict[str, object]] = []
+    for name, reference in sorted(references.items()):
+        rec = recording_id(name)
+        duration = len(reference.samples) / reference.rate
+        cuts.append({"id": f"{rec}/start", "recording": rec, "start": 0.0, "duration": 2.5})
+        cuts.append(
+            {
+                "id": f"{rec}/end",
+                "recording": rec,
+                "start": round(duration - 3.0, 6),
+                "duration": round(3.0, 6),
+            }
+        )
+        cuts.append({"id": f"{rec}/overlap-a", "recording": rec, "start": 5.0, "duration": 10.0})
+        cuts.append(
+            {"id": f"{rec}/overlap-b", "recording": rec, "start": 10.0123, "duration": 10.0}
+        )
+        if reference.channels > 1:
+            cuts.append(
+                {
+                    "id": f"{rec}/channel1",
+                    "recording": rec,
+                    "start": 1.0,
+                    "duration": 4.0,
+                    "channel": 1,
+                }
+            )
+    flac = "flac_mono_16k"
+    for number, odd in enumerate(ODD_IDS):
+        cuts.append({"id": odd, "recording": flac, "start": 1.0 + number, "duration": 1.5})
+    return cuts
+
+
+def write_lhotse_manifests(
+    directory: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> list[str]:
+    """Lhotse recordings and cuts manifests (as Lhotse writes them) for the corpus."""
+    recordings_path = directory / "recordings.jsonl"
+    cuts_path = directory / "cuts.jsonl"
+    with open(recordings_path, "w") as out:
+        for name, path in sorted(corpus.items()):
+            reference = references[name]
+            out.write(
+                json.dumps(
+                    {
+                        "id": recording_id(name),
+                        "sources": [
+                            {
+                                "type": "file",
+                                "channels": list(range(reference.channels)),
+                                "source": path,
+                            }
+                        ],
+                        "sampling_rate": reference.rate,
+                        "num_samples": len(reference.samples),
+                        "duration": len(reference.samples) / reference.rate,
+                        "channel_ids": list(range(reference.channels)),
+                    }
+                )
+                + "\n"
+            )
+    with open(cuts_path, "w") as out:
+        for cut in cut_plan(references):
+            channel = cut.get("channel", 0)
+            out.write(
+                json.dumps(
+                    {
+                        "id": cut["id"],
+                        "start": cut["start"],
+                        "duration": cut["duration"],
+                        "channel": channel,
+                        "recording_id": cut["recording"],
+                        "supervisions": [
+                            {
+                                "id": f"sup-{cut['id']}",
+                                "recording_id": cut["recording"],
+                                "start": 0.0,
+                                "duration": cut["duration"],
+                                "channel": channel,
+                                "text": "hello world",
+                                "speaker": "spk1",
+                                "language": "en",
+                            }
+                        ],
+                        "type": "MonoCut",
+                    }
+                )
+                + "\n"
+            )
+    return [str(recordings_path), str(cuts_path)]
+
+
+@pytest.fixture(scope="session")
+def lhotse_manifests(
+    tmp_path_factory: pytest.TempPathFactory,
+    corpus: dict[str, str],
+    references: dict[str, Reference],
+) -> list[str]:
+    return write_lhotse_manifests(tmp_path_factory.mktemp("lhotse"), corpus, references)
+
+
+@pytest.fixture(scope="session")
+def shard_dir(tmp_path_factory: pytest.TempPathFactory, lhotse_manifests: list[str]) -> str:
+    """The corpus packed from Lhotse manifests, with small shards so that there are several."""
+    from codec.packer import pack
+
+    output = str(tmp_path_factory.mktemp("packed") / "shards")
+    pack(lhotse_manifests, output, jobs=2, max_shard_bytes=8 << 20)
+    return output
+
+
+# -- mounts ------------------------------------------------------------------------------------
+
+needs_fuse = pytest.mark.skipif(
+    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+    reason="needs /dev/fuse and fusermount3",
+)
+CUTFS = [sys.executable, "-m", "vfs.cli"]
+
+
+def is_mounted(mountpoint: str) -> bool:
+    with open("/proc/mounts") as mounts:
+        return any(line.split()[1] == mountpoint for line in mounts)
+
+
+def unmount(mountpoint: str) -> None:
+    if is_mounted(mountpoint):
+        result = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True)
+        if result.returncode != 0:
+            subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True)
+    deadline = time.monotonic() + 10
+    while _daemon_pids(mountpoint) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _daemon_pids(mountpoint: str) -> list[int]:
+    result = subprocess.run(
+        ["pgrep", "-f", f"vfs.cli mount .* {mountpoint}$"], capture_output=True, text=True
+    )
+    return [int(pid) for pid in result.stdout.split()]
+
+
+@contextmanager
+def mounted(shard_dir: str, mountpoint: str, *options: str) -> Iterator[str]:
+    """``cutfs mount`` (in the background, as users run it); always unmounted afterwards."""
+    os.makedirs(mountpoint, exist_ok=True)
+    result = subprocess.run(
+        [*CUTFS, "mount", *options, shard_dir, mountpoint],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    try:
+        assert result.returncode == 0, result.stderr
+        assert is_mounted(mountpoint)
+        yield mountpoint
+    finally:
+        unmount(mountpoint)
+
+
+@pytest.fixture(scope="session")
+def mount(tmp_path_factory: pytest.TempPathFactory, shard_dir: str) -> Iterator[str]:
+    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+        pytest.skip("needs /dev/fuse and fusermount3")
+    mountpoint = str(tmp_path_factory.mktemp("mnt"))
+    with mounted(shard_dir, mountpoint, "--workers", "2", "--cache-size", "64M") as path:
+        yield path
