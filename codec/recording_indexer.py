@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import io
 import os
-from collections import deque
 import tempfile
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from fractions import Fraction

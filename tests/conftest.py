@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
+from codec.packer import pack
 from corpus import ENCODINGS, ffmpeg_decode, make_corpus
 
 CORPUS_SECONDS = 30.0
@@ -177,8 +177,6 @@ def lhotse_manifests(
 @pytest.fixture(scope="session")
 def shard_dir(tmp_path_factory: pytest.TempPathFactory, lhotse_manifests: list[str]) -> str:
     """The corpus packed from Lhotse manifests, with small shards so that there are several."""
-    from codec.packer import pack
-
     output = str(tmp_path_factory.mktemp("packed") / "shards")
     pack(lhotse_manifests, output, jobs=2, max_shard_bytes=8 << 20)
     return output
@@ -200,9 +198,11 @@ def is_mounted(mountpoint: str) -> bool:
 
 def unmount(mountpoint: str) -> None:
     if is_mounted(mountpoint):
-        result = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True)
+        result = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, check=False)
         if result.returncode != 0:
-            subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True)
+            subprocess.run(
+                ["fusermount3", "-u", "-z", mountpoint], capture_output=True, check=False
+            )
     deadline = time.monotonic() + 10
     while _daemon_pids(mountpoint) and time.monotonic() < deadline:
         time.sleep(0.05)

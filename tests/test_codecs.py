@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
+from conftest import Reference, recording_id
+from corpus import ENCODINGS
 
 from codec.decoder import DecodeTrace
 from codec.recording import DecodeMethod
 from codec.shard_set import ShardSet
-from conftest import Reference, recording_id
-from corpus import ENCODINGS
 
 NAMES = [encoding.name for encoding in ENCODINGS]
 
