@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from codec.packer import pack
 from corpus import ENCODINGS, ffmpeg_decode, make_corpus
+
+from codec.packer import pack
 
 CORPUS_SECONDS = 30.0
 
@@ -210,7 +211,10 @@ def unmount(mountpoint: str) -> None:
 
 def _daemon_pids(mountpoint: str) -> list[int]:
     result = subprocess.run(
-        ["pgrep", "-f", f"vfs.cli mount .* {mountpoint}$"], capture_output=True, text=True
+        ["pgrep", "-f", f"vfs.cli mount .* {mountpoint}$"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     return [int(pid) for pid in result.stdout.split()]
 
@@ -223,6 +227,7 @@ def mounted(shard_dir: str, mountpoint: str, *options: str) -> Iterator[str]:
         [*CUTFS, "mount", *options, shard_dir, mountpoint],
         capture_output=True,
         text=True,
+        check=False,
         timeout=120,
     )
     try:

@@ -1,0 +1,392 @@
+"""Real mounts read by real clients: Python's wave, soundfile, sox, ffprobe and plain reads."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import time
+import wave
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from codec.cut import seconds_to_frames
+from conftest import (
+    CUTFS,
+    ODD_IDS,
+    Reference,
+    cut_plan,
+    is_mounted,
+    mounted,
+    needs_fuse,
+    recording_id,
+    unmount,
+)
+from vfs.path_escape import escape_id, unescape_path
+
+pytestmark = [pytest.mark.mount, needs_fuse]
+
+
+def expected_cut(
+    cut: dict[str, object], references: dict[str, Reference]
+) -> tuple[np.ndarray, int]:
+    """The cut's samples cut out of ffmpeg's full decode, and its rate."""
+    name = next(name for name in references if recording_id(name) == cut["recording"])
+    reference = references[name]
+    first = seconds_to_frames(float(cut["start"]), reference.rate)  # type: ignore[arg-type]
+    count = seconds_to_frames(float(cut["duration"]), reference.rate)  # type: ignore[arg-type]
+    channel = int(cut.get("channel", 0))  # type: ignore[call-overload]
+    return reference.samples[first : first + count, channel : channel + 1], reference.rate
+
+
+def hand_built_header(rate: int, channels: int, frames: int) -> bytes:
+    data = frames * channels * 2
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + data)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", 16)  # fmt chunk of 16 bytes
+        + struct.pack("<H", 1)  # PCM
+        + struct.pack("<H", channels)
+        + struct.pack("<I", rate)
+        + struct.pack("<I", rate * channels * 2)  # byte rate
+        + struct.pack("<H", channels * 2)  # block align
+        + struct.pack("<H", 16)  # bits per sample
+        + b"data"
+        + struct.pack("<I", data)
+    )
+
+
+def expected_file(cut: dict[str, object], references: dict[str, Reference]) -> bytes:
+    samples, rate = expected_cut(cut, references)
+    return hand_built_header(rate, 1, len(samples)) + samples.astype("<i2").tobytes()
+
+
+def cut_path(mount: str, cut_id: str) -> str:
+    return os.path.join(mount, "cuts", escape_id(cut_id))
+
+
+def close_enough(actual: bytes, expected: bytes, lossless: bool) -> bool:
+    if lossless or len(actual) != len(expected):
+        return actual == expected
+    if actual[:44] != expected[:44]:
+        return False
+    a = np.frombuffer(actual[44:], dtype="<i2").astype(np.int32)
+    b = np.frombuffer(expected[44:], dtype="<i2").astype(np.int32)
+    return bool(np.abs(a - b).max(initial=0) <= 1)
+
+
+def test_layout(mount: str) -> None:
+    assert sorted(os.listdir(mount)) == ["cuts", "recordings", "wav.scp"]
+    assert "flac_mono_16k" in os.listdir(os.path.join(mount, "cuts"))
+    assert sorted(os.listdir(os.path.join(mount, "cuts", "flac_mono_16k"))) == [
+        "end.wav",
+        "overlap-a.wav",
+        "overlap-b.wav",
+        "start.wav",
+    ]
+    assert "opus_stereo_48k.wav" in os.listdir(os.path.join(mount, "recordings"))
+
+
+def test_sizes_are_exact(mount: str, references: dict[str, Reference]) -> None:
+    for cut in cut_plan(references):
+        samples, _ = expected_cut(cut, references)
+        assert os.stat(cut_path(mount, str(cut["id"]))).st_size == 44 + 2 * len(samples)
+
+
+def test_every_cut_equals_the_full_decode(mount: str, references: dict[str, Reference]) -> None:
+    for cut in cut_plan(references):
+        with open(cut_path(mount, str(cut["id"])), "rb") as cut_file:
+            actual = cut_file.read()
+        reference = next(r for n, r in references.items() if recording_id(n) == cut["recording"])
+        assert close_enough(actual, expected_file(cut, references), reference.lossless), cut["id"]
+
+
+def test_soundfile_reads_cuts(mount: str, references: dict[str, Reference]) -> None:
+    for cut in cut_plan(references)[:40]:
+        expected, rate = expected_cut(cut, references)
+        data, file_rate = soundfile.read(
+            cut_path(mount, str(cut["id"])), dtype="int16", always_2d=True
+        )
+        assert file_rate == rate
+        assert data.shape == expected.shape
+        assert np.abs(data.astype(np.int32) - expected).max(initial=0) <= 1
+        # and a seek into the middle, as Lhotse does
+        with soundfile.SoundFile(cut_path(mount, str(cut["id"]))) as sound:
+            sound.seek(len(expected) // 2)
+            middle = sound.read(100, dtype="int16", always_2d=True)
+        assert (
+            np.abs(middle.astype(np.int32) - expected[len(expected) // 2 :][:100]).max(initial=0)
+            <= 1
+        )
+
+
+def test_wave_module_reads_header_and_frames(mount: str, references: dict[str, Reference]) -> None:
+    cut = next(c for c in cut_plan(references) if c["id"] == "mp3_vbr_stereo_44k/channel1")
+    expected, rate = expected_cut(cut, references)
+    with wave.open(cut_path(mount, str(cut["id"]))) as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, rate)
+        assert wav.getnframes() == len(expected)
+        frames = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
+    assert np.abs(frames.astype(np.int32) - expected[:, 0]).max() <= 1
+
+
+def test_sox_and_ffprobe_read_cuts(mount: str, references: dict[str, Reference]) -> None:
+    cut = next(c for c in cut_plan(references) if c["id"] == "flac_s24_stereo_48k/end")
+    expected, rate = expected_cut(cut, references)
+    path = cut_path(mount, str(cut["id"]))
+    raw = subprocess.run(
+        ["sox", path, "-t", "raw", "-e", "signed", "-b", "16", "-"], capture_output=True, check=True
+    ).stdout
+    assert np.array_equal(np.frombuffer(raw, dtype="<i2"), expected[:, 0])
+    probe = subprocess.run(
+        [
+            "ffprobe",
+            "-v",
+            "error",
+            "-count_packets",
+            "-show_entries",
+            "stream=sample_rate,channels,codec_name,duration_ts",
+            "-of",
+            "compact=p=0:nk=1",
+            path,
+        ],
+        capture_output=True,
+        check=True,
+        text=True,
+    ).stdout.strip()
+    assert probe == f"pcm_s16le|{rate}|1|{len(expected)}"
+
+
+def test_recordings_are_whole(mount: str, references: dict[str, Reference]) -> None:
+    for name, reference in references.items():
+        path = os.path.join(mount, "recordings", recording_id(name) + ".wav")
+        with open(path, "rb") as recording_file:
+            data = recording_file.read()
+        frames, channels = reference.samples.shape
+        assert data[:44] == hand_built_header(reference.rate, channels, frames)
+        samples = np.frombuffer(data[44:], dtype="<i2").reshape(-1, channels)
+        reference.assert_matches(samples, 0)
+
+
+def test_random_byte_ranges_in_any_order(mount: str, references: dict[str, Reference]) -> None:
+    rng = random.Random(5)
+    cuts = [c for c in cut_plan(references) if "vorbis" in str(c["id"]) or "opus" in str(c["id"])]
+    for cut in cuts:
+        expected = expected_file(cut, references)
+        path = cut_path(mount, str(cut["id"]))
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            for _ in range(20):
+                offset = rng.randrange(len(expected) + 10)
+                size = rng.choice([1, 2, 3, 43, 44, 45, 4095, 65536, 200_000])
+                actual = os.pread(descriptor, size, offset)
+                assert close_enough(
+                    actual, expected[offset : offset + size], lossless=True
+                ) or _within_one(actual, expected[offset : offset + size], offset)
+        finally:
+            os.close(descriptor)
+
+
+def _within_one(actual: bytes, expected: bytes, offset: int) -> bool:
+    """Lossy data may differ by 1 LSB; compare the aligned 16-bit samples both cover."""
+    if len(actual) != len(expected):
+        return False
+    header = max(0, 44 - offset)
+    if actual[:header] != expected[:header]:
+        return False
+    start = header + ((offset + header - 44) % 2)
+    a = np.frombuffer(actual[start : start + (len(actual) - start) // 2 * 2], dtype="<i2")
+    b = np.frombuffer(expected[start : start + (len(expected) - start) // 2 * 2], dtype="<i2")
+    return bool(np.abs(a.astype(np.int32) - b).max(initial=0) <= 1)
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as cut_file:
+        return hashlib.sha256(cut_file.read()).hexdigest()
+
+
+def test_many_readers_at_once(mount: str, references: dict[str, Reference]) -> None:
+    cuts = [c for c in cut_plan(references) if "flac" in str(c["id"]) or "wav_" in str(c["id"])]
+    expected = {
+        str(c["id"]): hashlib.sha256(expected_file(c, references)).hexdigest() for c in cuts
+    }
+    paths = [cut_path(mount, str(c["id"])) for c in cuts] * 3
+    random.Random(3).shuffle(paths)
+    with ProcessPoolExecutor(max_workers=8) as readers:
+        digests = list(readers.map(_digest, paths))
+    by_path = {cut_path(mount, cut_id): digest for cut_id, digest in expected.items()}
+    assert all(by_path[path] == digest for path, digest in zip(paths, digests, strict=True))
+
+
+def test_wav_scp_lists_every_cut(mount: str, references: dict[str, Reference]) -> None:
+    with open(os.path.join(mount, "wav.scp"), encoding="utf-8", errors="surrogateescape") as scp:
+        lines = scp.read().splitlines()
+    plan = cut_plan(references)
+    assert len(lines) == len(plan)
+    cuts_dir = os.path.join(mount, "cuts") + "/"
+    ids = set()
+    for line in lines:
+        key, path = line.split(" ", 1)
+        assert os.path.isfile(path)
+        ids.add(unescape_path(path.removeprefix(cuts_dir)))
+        assert " " not in key
+    assert ids == {str(cut["id"]) for cut in plan}
+
+
+def test_odd_ids_are_escaped_reversibly(mount: str) -> None:
+    for odd in ODD_IDS:
+        path = cut_path(mount, odd)
+        assert os.path.isfile(path), odd
+        relative = os.path.relpath(path, os.path.join(mount, "cuts"))
+        assert unescape_path(relative) == odd
+        for component in relative.split("/"):
+            assert len(component.encode()) <= 255 and component not in ("", ".", "..")
+
+
+def test_writes_are_refused(mount: str) -> None:
+    path = cut_path(mount, "flac_mono_16k/start")
+    with pytest.raises(OSError) as raised:
+        open(path, "r+b")  # noqa: SIM115
+    assert raised.value.errno == errno.EROFS
+    with pytest.raises(OSError) as raised:
+        os.mkdir(os.path.join(mount, "cuts", "new"))
+    assert raised.value.errno == errno.EROFS
+    with pytest.raises(OSError) as raised:
+        os.unlink(path)
+    assert raised.value.errno == errno.EROFS
+
+
+# -- failures and lifecycle ----------------------------------------------------------------
+
+
+@pytest.fixture()
+def corrupt_shard_dir(shard_dir: str, tmp_path: Path) -> str:
+    """A copy of the shards with the middle of one FLAC recording overwritten."""
+    from codec.shard_set import ShardSet
+
+    copy = tmp_path / "corrupt"
+    shutil.copytree(shard_dir, copy)
+    with ShardSet(str(copy)) as shards:
+        index = [r.recording_id for r in shards.recordings].index("flac_mono_16k")
+        shard, start, end = shards._locate_blob(index)
+        shard_name = shards.manifest["shards"][shard]["file"]
+    with open(copy / shard_name, "r+b") as shard_file:
+        middle = (start + end) // 2
+        shard_file.seek(middle - 60_000)
+        shard_file.write(bytes(range(256)) * 480)  # 120 kB of garbage
+        shard_file.seek(end - 40_000)
+        shard_file.write(b"\xff" * 40_000)
+    return str(copy)
+
+
+def test_corrupt_data_fails_that_read_only(
+    corrupt_shard_dir: str, tmp_path: Path, references: dict[str, Reference]
+) -> None:
+    log_file = tmp_path / "cutfs.log"
+    with mounted(
+        corrupt_shard_dir, str(tmp_path / "mnt"), "--workers", "1", "--log-file", str(log_file)
+    ) as mount:
+        path = os.path.join(mount, "recordings", "flac_mono_16k.wav")
+        assert os.stat(path).st_size > 44  # stat needs no decoding and still works
+        with open(path, "rb") as recording_file:
+            with pytest.raises(OSError) as raised:
+                recording_file.read()
+        assert raised.value.errno == errno.EIO
+        # Every other file is still served, correctly.
+        cut = next(c for c in cut_plan(references) if c["id"] == "mp3_cbr_mono_16k/start")
+        with open(cut_path(mount, str(cut["id"])), "rb") as cut_file:
+            assert close_enough(cut_file.read(), expected_file(cut, references), False)
+        assert os.listdir(mount)
+    log_text = log_file.read_text()
+    assert "flac_mono_16k" in log_text
+    assert "ERROR" in log_text
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+def test_signal_unmounts_cleanly(shard_dir: str, tmp_path: Path, signal_number: int) -> None:
+    mountpoint = str(tmp_path / "mnt")
+    os.mkdir(mountpoint)
+    daemon = subprocess.Popen(
+        [*CUTFS, "mount", "--foreground", "--workers", "0", shard_dir, mountpoint],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_until(lambda: is_mounted(mountpoint) and bool(os.listdir(mountpoint)))
+        daemon.send_signal(signal_number)
+        _, stderr = daemon.communicate(timeout=30)
+        assert daemon.returncode == 0, stderr
+        assert b"Traceback" not in stderr
+        assert b"unmounted" in stderr
+        assert not is_mounted(mountpoint)
+        assert os.listdir(mountpoint) == []
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        unmount(mountpoint)
+
+
+def test_a_killed_daemon_leaves_a_stale_mount_that_the_next_mount_clears(
+    shard_dir: str, tmp_path: Path
+) -> None:
+    mountpoint = str(tmp_path / "mnt")
+    os.mkdir(mountpoint)
+    daemon = subprocess.Popen(
+        [*CUTFS, "mount", "--foreground", "--workers", "0", shard_dir, mountpoint],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_until(lambda: is_mounted(mountpoint) and bool(os.listdir(mountpoint)))
+        daemon.kill()
+        daemon.wait()
+        with pytest.raises(OSError) as raised:
+            os.listdir(mountpoint)
+        assert raised.value.errno == errno.ENOTCONN
+        with mounted(shard_dir, mountpoint) as mount:
+            assert sorted(os.listdir(mount)) == ["cuts", "recordings", "wav.scp"]
+    finally:
+        unmount(mountpoint)
+
+
+def test_mount_errors_have_clear_messages_and_exit_codes(shard_dir: str, tmp_path: Path) -> None:
+    not_shards = tmp_path / "empty"
+    not_shards.mkdir()
+    result = subprocess.run(
+        [*CUTFS, "mount", str(not_shards), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 3
+    assert "not a shard directory" in result.stderr
+    result = subprocess.run(
+        [*CUTFS, "mount", shard_dir, str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 4
+    assert "missing" in result.stderr
+
+
+def _wait_until(condition: object, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():  # type: ignore[operator]
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("timed out")
