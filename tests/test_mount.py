@@ -18,8 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-
-from codec.cut import seconds_to_frames
 from conftest import (
     CUTFS,
     ODD_IDS,
@@ -31,6 +29,9 @@ from conftest import (
     recording_id,
     unmount,
 )
+
+from codec.cut import seconds_to_frames
+from codec.shard_set import ShardSet
 from vfs.path_escape import escape_id, unescape_path
 
 pytestmark = [pytest.mark.mount, needs_fuse]
@@ -273,8 +274,6 @@ def test_writes_are_refused(mount: str) -> None:
 @pytest.fixture()
 def corrupt_shard_dir(shard_dir: str, tmp_path: Path) -> str:
     """A copy of the shards with the middle of one FLAC recording overwritten."""
-    from codec.shard_set import ShardSet
-
     copy = tmp_path / "corrupt"
     shutil.copytree(shard_dir, copy)
     with ShardSet(str(copy)) as shards:
@@ -299,9 +298,8 @@ def test_corrupt_data_fails_that_read_only(
     ) as mount:
         path = os.path.join(mount, "recordings", "flac_mono_16k.wav")
         assert os.stat(path).st_size > 44  # stat needs no decoding and still works
-        with open(path, "rb") as recording_file:
-            with pytest.raises(OSError) as raised:
-                recording_file.read()
+        with open(path, "rb") as recording_file, pytest.raises(OSError) as raised:
+            recording_file.read()
         assert raised.value.errno == errno.EIO
         # Every other file is still served, correctly.
         cut = next(c for c in cut_plan(references) if c["id"] == "mp3_cbr_mono_16k/start")
