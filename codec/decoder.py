@@ -65,8 +65,15 @@ def decode_frames(
         raise
     except (av.error.FFmpegError, ValueError, EOFError, IndexError) as exc:
         raise CorruptDataError(
-            f"cannot decode frames [{first}, {end}): {exc}", where=recording.recording_id
+            f"cannot decode frames [{first}, {end}): {ffmpeg_message(exc)}",
+            where=recording.recording_id,
         ) from exc
+
+
+def ffmpeg_message(error: Exception) -> str:
+    """FFmpeg's words for an error, without PyAV's errno and file-name decoration."""
+    text = getattr(error, "strerror", None)
+    return str(text) if text else str(error)
 
 
 def frame_to_s16(frame: Any) -> Int16Array:

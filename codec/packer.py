@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 
 from codec.cut import Cut, seconds_to_frames
-from codec.errors import SourceError
+from codec.errors import CutfsError, SourceError
 from codec.recording import Recording
 from codec.recording_indexer import IndexedRecording, index_recording
 from codec.shard_writer import DEFAULT_SHARD_BYTES, ShardWriter
@@ -146,7 +146,13 @@ def _index_task(task: tuple[SourceRecording, str]) -> IndexedRecording:
         path = _run_command(source, staging)
     assert path is not None
     with _mapped(path, source) as blob:
-        indexed = index_recording(blob, source.recording_id, staging)
+        try:
+            indexed = index_recording(blob, source.recording_id, staging)
+        except CutfsError as exc:
+            raise SourceError(
+                f"recording {source.recording_id!r}: {exc.message}",
+                where=f"{source.origin} (listed in {source.described_in})",
+            ) from exc
     if source.command is not None and indexed.stored_path is None:
         indexed.stored_path = path
     elif source.command is not None:

@@ -25,7 +25,7 @@ from typing import Any, Final
 import av
 import numpy as np
 
-from codec.decoder import SpliceReader, decode_frames, frame_to_s16
+from codec.decoder import SpliceReader, decode_frames, ffmpeg_message, frame_to_s16
 from codec.errors import CorruptDataError, UnsupportedAudioError
 from codec.pcm import Int16Array
 from codec.recording import DecodeMethod, FrameTiming, Recording
@@ -193,7 +193,7 @@ def _scan(blob: memoryview, recording_id: str) -> _Scan:
         container = av.open(_reader(blob), mode="r")
     except av.error.FFmpegError as exc:
         raise UnsupportedAudioError(
-            f"not a readable audio file: {exc}", where=recording_id
+            f"not a readable audio file ({ffmpeg_message(exc)})", where=recording_id
         ) from exc
     with container:
         if not container.streams.audio:
@@ -212,7 +212,8 @@ def _scan(blob: memoryview, recording_id: str) -> _Scan:
                     _note_frame(scan, frame, windows)
         except av.error.FFmpegError as exc:
             raise CorruptDataError(
-                f"decoding failed at frame {scan.num_frames}: {exc}", where=recording_id
+                f"decoding failed at frame {scan.num_frames}: {ffmpeg_message(exc)}",
+                where=recording_id,
             ) from exc
     if scan.num_frames == 0:
         raise UnsupportedAudioError("the audio stream decodes to no samples", where=recording_id)
@@ -357,7 +358,9 @@ def _decoded(container: Any, stream: Any, recording_id: str) -> Iterator[Any]:
     try:
         yield from container.decode(stream)
     except av.error.FFmpegError as exc:
-        raise CorruptDataError(f"decoding failed: {exc}", where=recording_id) from exc
+        raise CorruptDataError(
+            f"decoding failed: {ffmpeg_message(exc)}", where=recording_id
+        ) from exc
 
 
 def _thin_points(points: list[tuple[int, int]], interval: int) -> tuple[list[int], list[int]]:

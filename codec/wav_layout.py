@@ -7,7 +7,7 @@ frame count alone, so it is exact before anything is decoded::
     size_bytes = 44 + num_frames * channels * 2
 
 RIFF sizes are 32-bit.  A file whose data exceeds what they can express
-(about 4 GiB, for example 37 hours of 16 kHz mono) carries 0xFFFFFFFF in both
+(4 GiB, for example 38 hours of 16 kHz mono) carries 0xFFFFFFFF in both
 size fields, the convention readers such as FFmpeg and libsndfile accept for
 "up to the end of the file"; ``st_size`` stays exact.
 """

@@ -1,0 +1,217 @@
+"""The pyfuse3 Operations and the Filesystem behind them, called directly without a mount."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyfuse3
+import pytest
+import trio
+from conftest import Reference
+
+from codec.shard_set import ShardSet
+from vfs.block_cache import BlockCache
+from vfs.decode_pool import DecodePool
+from vfs.filesystem import Filesystem
+from vfs.frame_source import FrameSource
+from vfs.inode_table import ROOT_INODE
+from vfs.operations import Operations
+
+
+class Mount:
+    """The objects a mount assembles, minus the kernel; decoding runs in threads."""
+
+    def __init__(self, shard_dir: str, cache_bytes: int = 64 << 20) -> None:
+        self.shards = ShardSet(shard_dir)
+        self.decodes: list[tuple[int, int, int]] = []
+        self.gate: threading.Event | None = None
+        original: Callable[..., Any] = self.shards.read_frames
+
+        def counted_read_frames(index: int, first: int, end: int, trace: Any = None) -> Any:
+            self.decodes.append((index, first, end))
+            if self.gate is not None:
+                self.gate.wait(10)
+            return original(index, first, end, trace)
+
+        self.shards.read_frames = counted_read_frames  # type: ignore[method-assign]
+        self.cache = BlockCache(cache_bytes)
+        frames = FrameSource(self.shards.recordings, self.cache, DecodePool(self.shards, 0))
+        self.ops = Operations(Filesystem(self.shards, frames, "/mnt/cutfs"))
+
+    async def inode(self, path: str) -> int:
+        inode = ROOT_INODE
+        for name in path.split("/"):
+            inode = (await self.ops.lookup(inode, name.encode(), None)).st_ino
+        return inode
+
+    async def read_all(self, path: str) -> bytes:
+        inode = await self.inode(path)
+        size = (await self.ops.getattr(inode, None)).st_size
+        info = await self.ops.open(inode, 0, None)
+        return await self.ops.read(info.fh, 0, size + 100)
+
+
+@pytest.fixture()
+def mount(shard_dir: str) -> Mount:
+    return Mount(shard_dir)
+
+
+def test_sizes_are_known_without_decoding(mount: Mount, references: dict[str, Reference]) -> None:
+    async def scenario() -> None:
+        for name, reference in references.items():
+            recording = name.rsplit(".", 1)[0]
+            inode = await mount.inode(f"recordings/{recording}.wav")
+            attributes = await mount.ops.getattr(inode, None)
+            assert attributes.st_size == 44 + reference.samples.size * 2
+            cut = await mount.inode(f"cuts/{recording}/overlap-a.wav")
+            assert (await mount.ops.getattr(cut, None)).st_size == 44 + 10 * reference.rate * 2
+
+    trio.run(scenario)
+    assert mount.decodes == []
+
+
+def test_reads_are_exact_at_any_offset(mount: Mount, references: dict[str, Reference]) -> None:
+    reference = references["opus_stereo_48k.opus"]
+
+    async def scenario() -> None:
+        inode = await mount.inode("recordings/opus_stereo_48k.wav")
+        whole = await mount.read_all("recordings/opus_stereo_48k.wav")
+        for offset, size in [
+            (0, 1),
+            (43, 2),
+            (44, 3),
+            (45, 4),
+            (1001, 77777),
+            (len(whole) - 3, 10),
+        ]:
+            assert await mount.ops.read(inode, offset, size) == whole[offset : offset + size]
+        assert await mount.ops.read(inode, len(whole), 4096) == b""
+        assert await mount.ops.read(inode, 1 << 62, 4096) == b""
+        with pytest.raises(pyfuse3.FUSEError) as raised:
+            await mount.ops.read(inode, -1, 10)
+        assert raised.value.errno == errno.EINVAL
+        samples = np.frombuffer(whole[44:], dtype="<i2").reshape(-1, 2)
+        reference.assert_matches(samples, 0)
+
+    trio.run(scenario)
+
+
+def test_errors_become_errno_values(mount: Mount) -> None:
+    async def scenario() -> None:
+        with pytest.raises(pyfuse3.FUSEError) as raised:
+            await mount.ops.lookup(ROOT_INODE, b"missing", None)
+        assert raised.value.errno == errno.ENOENT
+        cut = await mount.inode("cuts/flac_mono_16k/start.wav")
+        with pytest.raises(pyfuse3.FUSEError) as raised:
+            await mount.ops.lookup(cut, b"x", None)
+        assert raised.value.errno == errno.ENOTDIR
+        with pytest.raises(pyfuse3.FUSEError) as raised:
+            await mount.ops.open(cut, 0o1, None)  # O_WRONLY
+        assert raised.value.errno == errno.EROFS
+        with pytest.raises(pyfuse3.FUSEError) as raised:
+            await mount.ops.open(await mount.inode("cuts"), 0, None)
+        assert raised.value.errno == errno.EISDIR
+        with pytest.raises(pyfuse3.FUSEError) as raised:
+            await mount.ops.getattr((1 << 40) + 10**9, None)
+        assert raised.value.errno == errno.ENOENT
+
+    trio.run(scenario)
+
+
+def test_overlapping_cuts_share_decoded_blocks(mount: Mount) -> None:
+    async def scenario() -> None:
+        await mount.read_all("cuts/mp3_cbr_mono_16k/overlap-a.wav")  # 5 s to 15 s
+        decodes_before = len(mount.decodes)
+        hits_before = mount.cache.statistics().hits
+        await mount.read_all("cuts/mp3_cbr_mono_16k/overlap-b.wav")  # 10.0123 s to 20.0123 s
+        assert mount.cache.statistics().hits > hits_before
+        decoded = mount.decodes[decodes_before:]
+        # Only the blocks after 15 s were decoded again.
+        assert all(first >= 14 * 16000 for _, first, _ in decoded)
+
+    trio.run(scenario)
+
+
+def test_one_decode_serves_concurrent_readers_of_the_same_blocks(mount: Mount) -> None:
+    mount.gate = threading.Event()
+    results: list[bytes] = []
+
+    async def reader() -> None:
+        results.append(await mount.read_all("cuts/vorbis_mono_16k/overlap-a.wav"))
+
+    async def scenario() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(reader)
+            await trio.sleep(0.2)
+            assert mount.gate is not None
+            mount.gate.set()
+
+    trio.run(scenario)
+    assert len(results) == 4 and len(set(results)) == 1
+    assert len(mount.decodes) == 1
+
+
+def test_the_event_loop_keeps_answering_while_a_decode_runs(mount: Mount) -> None:
+    """A decode parked in its worker thread must not stop other requests.
+
+    If decoding ran on the event loop, the parked decode would hold the loop
+    until the gate times out (10 s) and the other requests would be answered
+    only after it finished.
+    """
+    events: list[str] = []
+
+    async def slow_reader() -> None:
+        await mount.read_all("recordings/opus_mono_16k.wav")
+        events.append("slow read done")
+
+    async def scenario() -> None:
+        cached = await mount.read_all("cuts/flac_mono_16k/start.wav")  # warm the cache
+        mount.gate = threading.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(slow_reader)
+            await trio.sleep(0.1)
+            inode = await mount.inode("cuts/wav_s16_mono_16k/end.wav")
+            await mount.ops.getattr(inode, None)
+            assert await mount.read_all("cuts/flac_mono_16k/start.wav") == cached
+            wav_scp = await mount.read_all("wav.scp")
+            assert wav_scp.startswith(b"aac_")
+            events.append("other requests answered")
+            assert mount.gate is not None
+            mount.gate.set()
+
+    trio.run(scenario)
+    assert events == ["other requests answered", "slow read done"]
+
+
+def test_corrupt_data_fails_with_eio_and_a_log_line(
+    shard_dir: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    copy = tmp_path / "shards"
+    shutil.copytree(shard_dir, copy)
+    with ShardSet(str(copy)) as shards:
+        index = [r.recording_id for r in shards.recordings].index("vorbis_mono_16k")
+        shard, start, end = shards._locate_blob(index)
+        name = shards.manifest["shards"][shard]["file"]
+    with open(copy / name, "r+b") as shard_file:
+        shard_file.seek(start + 20_000)
+        shard_file.write(b"\x00" * (end - start - 20_000))  # truncated to 20 kB, zero-filled
+    mount = Mount(str(copy))
+
+    async def scenario() -> None:
+        with pytest.raises(pyfuse3.FUSEError) as raised:
+            await mount.read_all("cuts/vorbis_mono_16k/end.wav")
+        assert raised.value.errno == errno.EIO
+        assert len(await mount.read_all("cuts/flac_mono_16k/end.wav")) == 44 + 3 * 16000 * 2
+
+    trio.run(scenario)
+    assert any(
+        "vorbis_mono_16k" in record.getMessage() and record.levelname == "ERROR"
+        for record in caplog.records
+    )

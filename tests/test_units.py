@@ -1,0 +1,172 @@
+"""Unit and property tests of the small pieces: WAV layout, path escaping, seek index, rounding."""
+
+from __future__ import annotations
+
+import io
+import struct
+import wave
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from codec.cut import seconds_to_frames
+from codec.pcm import packed_to_s16
+from codec.riff import parse_riff_wave
+from codec.seek_index import SeekIndex
+from codec.wav_layout import HEADER_BYTES, WavLayout
+from vfs.inode_table import CUT_INODE_BASE, InodeTable
+from vfs.path_escape import escape_id, unescape_path
+
+
+def test_header_bytes_field_by_field() -> None:
+    header = WavLayout(sample_rate=16000, channels=2, num_frames=1000).header()
+    expected = (
+        b"RIFF"
+        + (36 + 4000).to_bytes(4, "little")  # RIFF size: file size minus 8
+        + b"WAVE"
+        + b"fmt "
+        + (16).to_bytes(4, "little")  # fmt chunk size
+        + (1).to_bytes(2, "little")  # WAVE_FORMAT_PCM
+        + (2).to_bytes(2, "little")  # channels
+        + (16000).to_bytes(4, "little")  # sample rate
+        + (64000).to_bytes(4, "little")  # byte rate = rate * block align
+        + (4).to_bytes(2, "little")  # block align = channels * 2
+        + (16).to_bytes(2, "little")  # bits per sample
+        + b"data"
+        + (4000).to_bytes(4, "little")  # data size
+    )
+    assert header == expected and len(header) == HEADER_BYTES
+
+
+@given(st.integers(1, 192000), st.integers(1, 8), st.integers(0, 10**6))
+def test_header_agrees_with_the_standard_library(rate: int, channels: int, frames: int) -> None:
+    layout = WavLayout(rate, channels, frames)
+    data = layout.header() + bytes(layout.data_bytes)
+    assert len(data) == layout.size_bytes
+    with wave.open(io.BytesIO(data)) as wav:
+        assert (wav.getframerate(), wav.getnchannels(), wav.getnframes()) == (
+            rate,
+            channels,
+            frames,
+        )
+        assert wav.getsampwidth() == 2
+
+
+def test_sizes_beyond_riff_limits_saturate() -> None:
+    layout = WavLayout(16000, 1, 38 * 3600 * 16000)  # 38 h: 4.4 GB of data
+    assert layout.size_bytes == 44 + 38 * 3600 * 16000 * 2
+    (riff_size,) = struct.unpack_from("<I", layout.header(), 4)
+    (data_size,) = struct.unpack_from("<I", layout.header(), 40)
+    assert riff_size == data_size == 0xFFFFFFFF
+
+
+@given(st.integers(1, 6), st.integers(0, 5000), st.integers(-100, 20000), st.integers(0, 20000))
+def test_byte_ranges_map_to_covering_frames(
+    channels: int, frames: int, offset: int, size: int
+) -> None:
+    layout = WavLayout(8000, channels, frames)
+    offset = max(offset, 0)
+    first, end = layout.frames_for_bytes(offset, size)
+    stop = min(offset + size, layout.size_bytes)
+    if stop <= max(offset, HEADER_BYTES):
+        assert first == end
+        return
+    assert 0 <= first < end <= frames
+    assert HEADER_BYTES + first * layout.frame_bytes <= max(offset, HEADER_BYTES)
+    assert HEADER_BYTES + end * layout.frame_bytes >= stop
+    assert HEADER_BYTES + (end - 1) * layout.frame_bytes < stop
+
+
+@given(st.text(max_size=600))
+def test_escaping_round_trips_and_is_safe(identifier: str) -> None:
+    path = escape_id(identifier)
+    assert unescape_path(path) == identifier
+    for component in path.split("/"):
+        assert component not in ("", ".", "..")
+        assert "\0" not in component
+        assert len(component.encode("utf-8", "surrogateescape")) <= 255
+
+
+@given(st.binary(max_size=300))
+def test_escaping_round_trips_ids_from_invalid_utf8(raw: bytes) -> None:
+    identifier = raw.decode("utf-8", "surrogateescape")
+    assert unescape_path(escape_id(identifier)) == identifier
+
+
+def test_safe_ids_are_kept_as_they_are() -> None:
+    assert escape_id("spk1/utt-0001") == "spk1/utt-0001.wav"
+    assert escape_id("..") == "%...wav"
+    assert escape_id("") == "%.wav"
+
+
+def test_clashing_paths_are_escaped() -> None:
+    table = InodeTable()
+    paths = table.add_files(table.root, ["a", "a.wav/b", "c/d", "c"], CUT_INODE_BASE)
+    assert paths[0] == "a.wav"
+    assert paths[1] == escape_id("a.wav/b", force=True)
+    assert len(set(paths.values())) == 4
+    assert all(
+        unescape_path(path) == ident
+        for path, ident in zip(paths.values(), ["a", "a.wav/b", "c/d", "c"], strict=True)
+    )
+
+
+@given(st.lists(st.integers(-2000, 10**7), min_size=1, max_size=50, unique=True), st.integers())
+def test_seek_index_finds_the_last_point_at_or_before(samples: list[int], target: int) -> None:
+    samples.sort()
+    index = SeekIndex.from_points(samples, list(range(len(samples))))
+    point = index.point_at_or_before(target)
+    earlier = [s for s in samples if s <= target]
+    assert point.sample == (earlier[-1] if earlier else samples[0])
+
+
+def test_seek_index_refuses_unsorted_points() -> None:
+    with pytest.raises(ValueError, match="sorted"):
+        SeekIndex.from_points([0, 10, 5], [0, 1, 2])
+
+
+@pytest.mark.parametrize(
+    ("seconds", "rate", "frames"),
+    [
+        (0.5, 16000, 8000),
+        (1 / 3, 3, 1),
+        (0.00003125, 16000, 1),
+        (0.000031249, 16000, 0),
+        (2.5, 1, 3),
+        (3.5, 1, 4),
+        (10.0123, 16000, 160197),
+        (1e-9, 16000, 0),
+    ],
+)
+def test_frames_round_half_up_like_lhotse(seconds: float, rate: int, frames: int) -> None:
+    assert seconds_to_frames(seconds, rate) == frames
+
+
+def test_pcm_conversions_keep_the_top_bits() -> None:
+    s24 = bytes([0x00, 0x34, 0x12, 0xFF, 0xFF, 0xFF, 0x00, 0x00, 0x80])
+    assert packed_to_s16(s24, "s24").tolist() == [0x1234, -1, -32768]
+    f32 = np.array([0.5, -1.0, 1.0, 1.5, 0.5 / 32768, 1.5 / 32768], dtype="<f4").tobytes()
+    assert packed_to_s16(f32, "f32").tolist() == [16384, -32768, 32767, 32767, 0, 2]
+    assert packed_to_s16(bytes([0, 128, 255]), "u8").tolist() == [-32768, 0, 32512]
+
+
+def test_riff_parser_finds_data_after_other_chunks() -> None:
+    fmt = struct.pack("<HHIIHH", 1, 1, 8000, 16000, 2, 16)
+    body = (
+        b"WAVE"
+        + b"LIST"
+        + struct.pack("<I", 3)
+        + b"abc\0"
+        + b"fmt "
+        + struct.pack("<I", 16)
+        + fmt
+        + b"data"
+        + struct.pack("<I", 0xFFFFFFFF)
+        + bytes(10)
+    )
+    wave_info = parse_riff_wave(memoryview(b"RIFF" + struct.pack("<I", len(body)) + body))
+    assert wave_info is not None
+    assert (wave_info.num_frames, wave_info.sample_format) == (5, "s16")
+    assert parse_riff_wave(memoryview(b"RIFF\0\0\0\0WAVEjunk")) is None
