@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from conftest import Reference
 
@@ -128,8 +129,6 @@ def test_shards_are_split_by_size(shard_dir: str) -> None:
 
 
 def test_blobs_are_zero_copy_views_of_the_memory_map(shard_dir: str) -> None:
-    import pyarrow as pa
-
     with ShardSet(shard_dir) as shards:
         view = shards.blob(3)
         shard_number = shards._blob_places[3][0]
