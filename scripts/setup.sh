@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Set up cutfs on a fresh Debian/Ubuntu machine: system packages (as root),
+# a virtual environment in .venv and the package with its test tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(fuse3 libfuse3-dev pkg-config ffmpeg sox espeak-ng libsndfile1 python3-venv procps)
+missing=()
+for package in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
+        || missing+=("$package")
+done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "setup: please install as root: apt-get install ${missing[*]}" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+python=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+    "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
+echo "setup: ready ($(.venv/bin/cutfs --help >/dev/null && echo cutfs installed in .venv/bin))"
