@@ -198,12 +198,16 @@ def is_mounted(mountpoint: str) -> bool:
 
 
 def unmount(mountpoint: str) -> None:
-    if is_mounted(mountpoint):
+    """Unmount everything at ``mountpoint`` (a failed test may have stacked mounts)."""
+    for _ in range(5):
+        if not is_mounted(mountpoint):
+            break
         result = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, check=False)
         if result.returncode != 0:
             subprocess.run(
                 ["fusermount3", "-u", "-z", mountpoint], capture_output=True, check=False
             )
+
     deadline = time.monotonic() + 10
     while _daemon_pids(mountpoint) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -378,6 +378,15 @@ def test_mount_errors_have_clear_messages_and_exit_codes(shard_dir: str, tmp_pat
     assert "missing" in result.stderr
 
 
+def test_mounting_over_a_live_mount_is_refused(mount: str, shard_dir: str) -> None:
+    result = subprocess.run(
+        [*CUTFS, "mount", shard_dir, mount], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 4
+    assert "already a mounted FUSE filesystem" in result.stderr
+    assert sorted(os.listdir(mount)) == ["cuts", "recordings", "wav.scp"]
+
+
 def _wait_until(condition: object, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -90,6 +90,7 @@ class Filesystem:
         self._wav_scp_inode = self._table.add_text(self._table.root, WAV_SCP)
         self._texts: dict[int, bytes] = {}
         self._listings: dict[int, list[tuple[bytes, int]]] = {}
+        self._link_counts: dict[int, int] = {}
 
     # -- metadata ---------------------------------------------------------------------------
 
@@ -107,13 +108,7 @@ class Filesystem:
     def getattr(self, inode: int) -> Attributes:
         kind = self._table.kind(inode)
         if kind is NodeKind.DIRECTORY:
-            directory = self._directory(inode)
-            subdirectories = sum(
-                1
-                for child in directory.children.values()
-                if self._table.kind(child) is NodeKind.DIRECTORY
-            )
-            return Attributes(inode, _DIRECTORY_MODE, 0, 2 + subdirectories)
+            return Attributes(inode, _DIRECTORY_MODE, 0, self._links(inode))
         if kind is NodeKind.TEXT:
             return Attributes(inode, _FILE_MODE, len(self._text(inode)))
         if kind in (NodeKind.CUT, NodeKind.RECORDING):
@@ -200,6 +195,16 @@ class Filesystem:
         if directory is None:
             raise FsError(errno.ENOTDIR if self._table.kind(inode) else errno.ENOENT)
         return directory
+
+    def _links(self, inode: int) -> int:
+        """2 plus the number of subdirectories; counted once, the tree never changes."""
+        links = self._link_counts.get(inode)
+        if links is None:
+            children = self._directory(inode).children.values()
+            kinds = (self._table.kind(child) for child in children)
+            links = 2 + sum(1 for kind in kinds if kind is NodeKind.DIRECTORY)
+            self._link_counts[inode] = links
+        return links
 
     def _text(self, inode: int) -> bytes:
         text = self._texts.get(inode)

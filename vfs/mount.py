@@ -130,16 +130,34 @@ def _check_environment(mountpoint: str) -> None:
         raise MountError(
             "/dev/fuse is missing: load the fuse module or install fuse3", ExitCode.NO_FUSE
         )
+    # statvfs, not stat: the kernel may still answer stat for a dead FUSE mount
+    # from its attribute cache, while statvfs reaches the (missing) daemon.
     try:
-        os.stat(mountpoint)
+        os.statvfs(mountpoint)
     except OSError as exc:
         if exc.errno != errno.ENOTCONN:
             raise MountError(
                 f"mountpoint {mountpoint}: {exc.strerror}", ExitCode.BAD_MOUNTPOINT
             ) from exc
         clear_stale_mount(mountpoint)
+    else:
+        if _is_fuse_mount(mountpoint):
+            raise MountError(
+                f"{mountpoint} is already a mounted FUSE filesystem", ExitCode.BAD_MOUNTPOINT
+            )
     if not os.path.isdir(mountpoint):
         raise MountError(f"mountpoint {mountpoint} is not a directory", ExitCode.BAD_MOUNTPOINT)
+
+
+def _is_fuse_mount(mountpoint: str) -> bool:
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as mounts:
+            return any(
+                fields[1] == mountpoint and fields[2].startswith("fuse")
+                for fields in (line.split() for line in mounts)
+            )
+    except OSError:
+        return False
 
 
 def clear_stale_mount(mountpoint: str) -> None:
