@@ -44,7 +44,14 @@ class DecodePool:
                 )
             return await self._in_process(recording_index, first, end)
 
+    def start(self) -> None:
+        """Start every worker process now, so that the first reads do not wait for them."""
+        if self._executor is not None:
+            for future in [self._executor.submit(_ready) for _ in range(self._workers)]:
+                future.result()
+
     def close(self) -> None:
+
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
@@ -75,6 +82,10 @@ class DecodePool:
 def _open_in_worker(directory: str) -> None:
     global _worker_shards  # noqa: PLW0603 - one shard set per worker process
     _worker_shards = ShardSet(directory)
+
+
+def _ready() -> bool:
+    return _worker_shards is not None
 
 
 def _decode_in_worker(recording_index: int, first: int, end: int) -> Any:

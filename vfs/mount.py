@@ -76,6 +76,8 @@ def serve(
             raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
         pool = DecodePool(shard_set, options.workers)
         stack.callback(pool.close)
+        pool.start()
+
         cache = BlockCache(options.cache_bytes, options.block_frames)
         filesystem = Filesystem(
             shard_set, FrameSource(shard_set.recordings, cache, pool), mountpoint
