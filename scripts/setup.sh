@@ -26,3 +26,10 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
 echo "setup: ready ($(.venv/bin/cutfs --help >/dev/null && echo cutfs installed in .venv/bin))"
+
+# mount(8) runs helpers with a fixed PATH (/usr/local/bin and the system directories),
+# so fstab entries of type fuse.cutfs need cutfs there.  Root only; an existing
+# cutfs that is not a link is left alone.
+if [[ $(id -u) -eq 0 ]] && { [[ ! -e /usr/local/bin/cutfs ]] || [[ -L /usr/local/bin/cutfs ]]; }; then
+    ln -sfn "$PWD/.venv/bin/cutfs" /usr/local/bin/cutfs
+fi

@@ -88,7 +88,7 @@ def close_enough(actual: bytes, expected: bytes, lossless: bool) -> bool:
 
 
 def test_layout(mount: str) -> None:
-    assert sorted(os.listdir(mount)) == ["cuts", "recordings", "wav.scp"]
+    assert sorted(os.listdir(mount)) == [".cutfs", "cuts", "recordings", "wav.scp"]
     assert "flac_mono_16k" in os.listdir(os.path.join(mount, "cuts"))
     assert sorted(os.listdir(os.path.join(mount, "cuts", "flac_mono_16k"))) == [
         "end.wav",
@@ -352,7 +352,7 @@ def test_a_killed_daemon_leaves_a_stale_mount_that_the_next_mount_clears(
             os.listdir(mountpoint)
         assert raised.value.errno == errno.ENOTCONN
         with mounted(shard_dir, mountpoint) as mount:
-            assert sorted(os.listdir(mount)) == ["cuts", "recordings", "wav.scp"]
+            assert sorted(os.listdir(mount)) == [".cutfs", "cuts", "recordings", "wav.scp"]
     finally:
         unmount(mountpoint)
 
@@ -384,7 +384,7 @@ def test_mounting_over_a_live_mount_is_refused(mount: str, shard_dir: str) -> No
     )
     assert result.returncode == 4
     assert "already a mounted FUSE filesystem" in result.stderr
-    assert sorted(os.listdir(mount)) == ["cuts", "recordings", "wav.scp"]
+    assert sorted(os.listdir(mount)) == [".cutfs", "cuts", "recordings", "wav.scp"]
 
 
 def _wait_until(condition: object, timeout: float = 60.0) -> None:

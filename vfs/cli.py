@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import logging.handlers
 import os
@@ -10,24 +11,40 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from codec.errors import CutfsError
 from codec.packer import pack
 from codec.shard_writer import DEFAULT_SHARD_BYTES
+from vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
+from vfs.filesystem import CONTROL_DIR, STATS_FILE
 from vfs.mount import ExitCode, MountError, MountOptions, serve
+from vfs.operations import Ownership
 
 log = logging.getLogger("cutfs")
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
+_COMMANDS = ("pack", "mount", "umount", "stats")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments and arguments[0] not in _COMMANDS and not arguments[0].startswith("-"):
+        arguments.insert(0, "mount")  # "cutfs SRC MNT -o OPTS", as mount(8) runs helpers
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     if args.command is None:
         parser.print_help()
         return ExitCode.USAGE
+    args.argv = arguments
+    if args.command == "mount":
+        try:
+            _apply_mount_options(args)
+        except ValueError as exc:
+            parser.error(str(exc))
     return int(args.run(args))
 
 
@@ -75,7 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     mount_parser = commands.add_parser(
         "mount",
         help="mount a shard directory",
-        description="Mount a shard directory read-only; returns once the mount is ready.",
+        description="Mount a shard directory read-only; returns once the mount is ready. "
+        "Also runs as 'cutfs SHARD_DIR MOUNTPOINT -o OPTIONS', the form mount(8) uses "
+        "for fstab entries of type fuse.cutfs.",
     )
     mount_parser.add_argument("shard_dir", metavar="SHARD_DIR")
     mount_parser.add_argument("mountpoint", metavar="MOUNTPOINT")
@@ -96,24 +115,74 @@ def _parser() -> argparse.ArgumentParser:
         help="decoder processes; 0 decodes in threads (default: cores, at most 4)",
     )
     mount_parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=DEFAULT_DEADLINE_SECONDS,
+        metavar="SECONDS",
+        help="fail a read with EIO when its data takes longer than this (default "
+        f"{DEFAULT_DEADLINE_SECONDS:g}), instead of hanging on stalled storage",
+    )
+    mount_parser.add_argument(
         "--allow-other",
         action="store_true",
-        help="let other users read the mount (needs user_allow_other "
-        "in /etc/fuse.conf when not root)",
+        help="let other users read the mount (permissions are still checked; needs "
+        "user_allow_other in /etc/fuse.conf when not root)",
+    )
+    mount_parser.add_argument("--uid", type=int, help="owner shown for every file")
+    mount_parser.add_argument("--gid", type=int, help="group shown for every file")
+    mount_parser.add_argument(
+        "--file-mode",
+        type=_octal,
+        default=0o444,
+        metavar="MODE",
+        help="permission bits of files (default 0444)",
+    )
+    mount_parser.add_argument(
+        "--dir-mode",
+        type=_octal,
+        default=0o555,
+        metavar="MODE",
+        help="permission bits of directories (default 0555)",
     )
     mount_parser.add_argument(
         "--log-file",
         metavar="PATH",
-        help="log here (default: stderr in the foreground, else syslog)",
+        help="log here, or 'syslog' (default: stderr in the foreground, else syslog)",
     )
-    mount_parser.add_argument("--debug", action="store_true", help="log every request")
+    mount_parser.add_argument("--debug", action="store_true", help="log at debug level")
+    mount_parser.add_argument(
+        "-o",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="OPTIONS",
+        help="mount(8)-style options: ro, allow_other, cache_size=4G, workers=N, "
+        "read_timeout=S, uid=N, gid=N, file_mode=0444, dir_mode=0555, log_file=PATH, debug",
+    )
     mount_parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     mount_parser.set_defaults(command="mount", run=_mount)
+
+    stats_parser = commands.add_parser(
+        "stats", help="show a mount's counters", description="Print .cutfs/stats of a mount."
+    )
+    stats_parser.add_argument("mountpoint", metavar="MOUNTPOINT")
+    stats_parser.add_argument("--json", action="store_true", help="print the raw JSON")
+    stats_parser.set_defaults(command="stats", run=_stats)
 
     umount_parser = commands.add_parser("umount", help="unmount (fusermount3 -u)")
     umount_parser.add_argument("mountpoint", metavar="MOUNTPOINT")
     umount_parser.set_defaults(command="umount", run=_umount)
     return parser
+
+
+def _octal(text: str) -> int:
+    try:
+        value = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an octal mode: {text!r}") from None
+    if not 0 <= value <= 0o7777:
+        raise argparse.ArgumentTypeError(f"mode out of range: {text!r}")
+    return value
 
 
 def _size(text: str) -> int:
@@ -191,19 +260,87 @@ class _Progress:
 # -- mount -------------------------------------------------------------------------------------
 
 
+#: -o options that only mount(8) or the kernel care about: accepted and ignored.
+_IGNORED_OPTIONS = frozenset(
+    {
+        "ro",
+        "defaults",
+        "dev",
+        "nodev",
+        "suid",
+        "nosuid",
+        "exec",
+        "noexec",
+        "auto",
+        "noauto",
+        "user",
+        "users",
+        "nouser",
+        "owner",
+        "group",
+        "_netdev",
+        "nofail",
+        "relatime",
+        "noatime",
+        "atime",
+        "nodiratime",
+        "async",
+        "sync",
+        "default_permissions",
+    }
+)
+
+
+def _apply_mount_options(args: argparse.Namespace) -> None:
+    """Fold ``-o key=value,...`` into the parsed arguments (``-o`` wins)."""
+    setters: dict[str, tuple[str, Callable[[str], object]]] = {
+        "cache_size": ("cache_size", _size),
+        "workers": ("workers", int),
+        "read_timeout": ("read_timeout", float),
+        "uid": ("uid", int),
+        "gid": ("gid", int),
+        "file_mode": ("file_mode", _octal),
+        "dir_mode": ("dir_mode", _octal),
+        "log_file": ("log_file", str),
+    }
+    for group in args.options:
+        for option in filter(None, (part.strip() for part in group.split(","))):
+            key, has_value, value = option.partition("=")
+            if key in ("rw",):
+                raise ValueError("cutfs mounts are read-only: drop the 'rw' option")
+            if key in _IGNORED_OPTIONS or key.startswith("x-"):
+                continue
+            if key in ("allow_other", "debug", "foreground") and not has_value:
+                setattr(args, key, True)
+                continue
+            if key not in setters or not has_value:
+                raise ValueError(f"unknown mount option {option!r}")
+            attribute, parse = setters[key]
+            try:
+                setattr(args, attribute, parse(value))
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                raise ValueError(f"bad value in mount option {option!r}: {exc}") from None
+
+
 def _mount(args: argparse.Namespace) -> int:
+    args.shard_dir = os.path.abspath(args.shard_dir)
+    args.mountpoint = os.path.abspath(args.mountpoint)
     if not args.foreground:
         return _mount_in_background(args)
+    if args.ready_fd is not None and args.log_file is None:
+        args.log_file = "syslog"  # started in the background: stderr goes nowhere
     _configure_logging(args)
     options = MountOptions(
         cache_bytes=args.cache_size,
         workers=max(args.workers, 0),
+        read_timeout_seconds=args.read_timeout,
         allow_other=args.allow_other,
-        debug_fuse=False,
+        ownership=Ownership(args.uid, args.gid, args.file_mode, args.dir_mode),
     )
     ready_fd: int | None = args.ready_fd
 
     def on_ready() -> None:
+        os.chdir("/")  # do not keep the caller's directory busy
         if ready_fd is not None:
             os.write(ready_fd, b"ready\n")
             os.close(ready_fd)
@@ -212,40 +349,37 @@ def _mount(args: argparse.Namespace) -> int:
         serve(args.shard_dir, args.mountpoint, options, on_ready)
     except MountError as exc:
         log.error("%s", exc)
-        if ready_fd is not None:
-            os.write(ready_fd, f"error {exc.exit_code} {exc}\n".encode())
+        _report_failure(ready_fd, exc.exit_code, str(exc))
         return exc.exit_code
     except Exception as exc:
         log.exception("the daemon failed")
-        if ready_fd is not None:
-            os.write(ready_fd, f"error {ExitCode.ERROR} {exc}\n".encode())
+        _report_failure(ready_fd, ExitCode.ERROR, str(exc))
         return ExitCode.ERROR
     return ExitCode.OK
 
 
+def _report_failure(ready_fd: int | None, exit_code: int, message: str) -> None:
+    if ready_fd is not None:
+        os.write(ready_fd, f"error {exit_code} {message}\n".encode())
+
+
 def _mount_in_background(args: argparse.Namespace) -> int:
-    """Start the daemon detached and wait until it reports ready (or fails)."""
+    """Start the daemon detached, with the same arguments, and wait until it is ready.
+
+    The daemon reports through a pipe: "ready", or "error CODE MESSAGE".  It
+    gets no terminal: its stdin, stdout and stderr are /dev/null, so a caller
+    capturing our output (mount(8) does) is not kept waiting.
+    """
     read_end, write_end = os.pipe()
     command = [
         sys.executable,
         "-m",
         "vfs.cli",
-        "mount",
+        *args.argv,
         "--foreground",
         "--ready-fd",
         str(write_end),
-        "--cache-size",
-        str(args.cache_size),
-        "--workers",
-        str(args.workers),
-        "--log-file",
-        args.log_file or "syslog",
     ]
-    if args.allow_other:
-        command.append("--allow-other")
-    if args.debug:
-        command.append("--debug")
-    command += [os.path.abspath(args.shard_dir), os.path.abspath(args.mountpoint)]
     daemon = subprocess.Popen(
         command,
         pass_fds=(write_end,),
@@ -253,7 +387,6 @@ def _mount_in_background(args: argparse.Namespace) -> int:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        cwd="/",
     )
     os.close(write_end)
     with os.fdopen(read_end, "rb") as ready:
@@ -288,6 +421,42 @@ def _configure_logging(args: argparse.Namespace) -> None:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("cutfs: %(levelname)s %(message)s"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    path = os.path.join(args.mountpoint, CONTROL_DIR, STATS_FILE)
+    try:
+        with open(path, encoding="utf-8") as stats_file:
+            text = stats_file.read()
+        stats = json.loads(text)
+    except (OSError, ValueError) as exc:
+        print(f"cutfs stats: cannot read {path}: {exc}", file=sys.stderr)
+        return ExitCode.ERROR
+    if args.json:
+        print(text, end="")
+        return ExitCode.OK
+    print(format_stats(stats))
+    return ExitCode.OK
+
+
+def format_stats(stats: dict[str, Any]) -> str:
+    """The statistics of a mount as aligned tables of plain text."""
+    lines = [f"uptime  {stats.get('uptime_seconds', 0):.0f} s"]
+    for section in ("counters", "errors", "cache", "workers", "shards"):
+        values = stats.get(section) or {}
+        lines.append(f"\n{section}" + ("  (none)" if not values else ""))
+        width = max((len(key) for key in values), default=0)
+        lines += [f"  {key:<{width}}  {value}" for key, value in values.items()]
+    latency = stats.get("latency") or {}
+    if latency:
+        lines.append("\nlatency (ms)")
+        lines.append(f"  {'phase':<12} {'count':>9} {'mean':>9} {'p50':>9} {'p99':>9} {'max':>9}")
+        for phase, row in latency.items():
+            lines.append(
+                f"  {phase:<12} {row['count']:>9} {row['mean_ms']:>9.2f} {row['p50_ms']:>9.2f} "
+                f"{row['p99_ms']:>9.2f} {row['max_ms']:>9.2f}"
+            )
+    return "\n".join(lines)
 
 
 def _umount(args: argparse.Namespace) -> int:

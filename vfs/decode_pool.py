@@ -1,93 +1,285 @@
-"""Where decoding runs: off the event loop, in worker processes or threads.
+"""Where decoding runs: off the event loop, in worker processes or threads, with a deadline.
 
-Decoding is CPU-bound and holds the GIL in PyAV, so by default it runs in a
-pool of worker processes, each of which opens the shard directory itself
-(the memory maps share the page cache).  With ``workers=0`` it runs in trio
-worker threads instead, in this process: useful for tests and small mounts.
-Either way, at most ``limit`` decodes run at once and the event loop keeps
-answering other requests meanwhile.
+Decoding is CPU-bound and holds the GIL in PyAV, so by default it runs in
+worker processes, each of which opens the shard directory itself (the memory
+maps share the page cache).  Each worker is its own process with its own
+pipe, not a shared executor: when a worker crashes, hangs or is stuck on
+storage that stopped answering, only the request it held fails; the worker
+is killed and replaced, and every other request goes on.
+
+Every decode has a deadline.  A request not answered in time fails with
+:class:`DecodeDeadlineError` (EIO to the reader) instead of leaving the
+reader hanging, as a hung NFS server would.
+
+With ``workers=0`` decoding runs in trio worker threads in this process
+(tests, small mounts).  A thread stuck on storage cannot be killed: it is
+abandoned at the deadline.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+import os
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import trio
 
+from codec.decoder import DecodeTrace
 from codec.errors import CutfsError
 from codec.pcm import Int16Array
 from codec.shard_set import ShardSet
+from vfs.statistics import Statistics
 
-_worker_shards: ShardSet | None = None
+log = logging.getLogger("cutfs.decode_pool")
+
+DEFAULT_DEADLINE_SECONDS = 30.0
+
+
+class DecodeDeadlineError(CutfsError):
+    """A decode did not finish within the deadline (stalled storage or a hung worker)."""
+
+
+class WorkerDiedError(CutfsError):
+    """The worker process decoding a request died."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    workers: int
+    alive: int
+    busy: int
+    restarts: int
 
 
 class DecodePool:
     """Decodes frame ranges of recordings of one shard directory."""
 
-    def __init__(self, shard_set: ShardSet, workers: int) -> None:
+    def __init__(
+        self,
+        shard_set: ShardSet,
+        workers: int,
+        deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
+        statistics: Statistics | None = None,
+    ) -> None:
         self._shard_set = shard_set
-        self._workers = workers
-        self._executor: ProcessPoolExecutor | None = None
-        self._limiter = trio.CapacityLimiter(max(workers, 1) * 2 if workers else 2)
-        if workers > 0:
-            self._executor = self._new_executor()
+        self._deadline_seconds = deadline_seconds
+        self._statistics = statistics or Statistics()
+        self._workers = [_Worker(shard_set.directory) for _ in range(workers)]
+        self._idle = list(self._workers)
+        self._available = trio.Semaphore(len(self._workers)) if workers else None
+        self._threads = trio.CapacityLimiter(2)
+        self._restarts = 0
 
-    async def decode(self, recording_index: int, first: int, end: int) -> Int16Array:
-        """Frames ``[first, end)`` of a recording, as int16 (frames, channels)."""
-        async with self._limiter:
-            if self._executor is None:
-                return await trio.to_thread.run_sync(
-                    self._shard_set.read_frames, recording_index, first, end
-                )
-            return await self._in_process(recording_index, first, end)
+    @property
+    def deadline_seconds(self) -> float:
+        return self._deadline_seconds
 
     def start(self) -> None:
-        """Start every worker process now, so that the first reads do not wait for them."""
-        if self._executor is not None:
-            for future in [self._executor.submit(_ready) for _ in range(self._workers)]:
-                future.result()
+        """Start the worker processes and wait until each has opened the shards."""
+        for worker in self._workers:
+            worker.start()
+        for worker in self._workers:
+            worker.wait_ready(self._deadline_seconds)
 
     def close(self) -> None:
+        for worker in self._workers:
+            worker.stop()
 
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+    def statistics(self) -> PoolStatistics:
+        alive = sum(1 for worker in self._workers if worker.alive())
+        busy = len(self._workers) - len(self._idle)
+        return PoolStatistics(len(self._workers), alive, busy, self._restarts)
 
-    async def _in_process(self, recording_index: int, first: int, end: int) -> Int16Array:
-        assert self._executor is not None
-        executor = self._executor
-        try:
-            future: Future[Int16Array] = executor.submit(
-                _decode_in_worker, recording_index, first, end
-            )
-            return await trio.to_thread.run_sync(future.result)
-        except BrokenProcessPool as exc:
-            if self._executor is executor:  # replace the pool once, for later reads
-                self._executor = self._new_executor()
-                executor.shutdown(wait=False, cancel_futures=True)
-            raise CutfsError(f"a decoder worker died: {exc}") from exc
+    async def decode(self, recording_index: int, first: int, end: int) -> Int16Array:
+        """Frames ``[first, end)`` of a recording, as int16 (frames, channels).
 
-    def _new_executor(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
-            max_workers=self._workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_open_in_worker,
-            initargs=(self._shard_set.directory,),
+        Raises :class:`codec.errors.CorruptDataError` for undecodable data,
+        :class:`DecodeDeadlineError` past the deadline and
+        :class:`WorkerDiedError` when the worker dies.
+        """
+        started = time.perf_counter()
+        request = (recording_index, first, end)
+        if self._available is None:
+            frames, trace = await self._in_thread(request)
+        else:
+            frames, trace = await self._in_worker(request)
+        self._statistics.observe("decode", time.perf_counter() - started)
+        self._statistics.count("decodes")
+        self._statistics.count("frames_decoded", trace.frames_decoded)
+        self._statistics.count("storage_bytes_read", trace.bytes_read)
+        return frames
+
+    async def _in_thread(self, request: tuple[int, int, int]) -> tuple[Int16Array, DecodeTrace]:
+        async with self._threads:
+            with trio.move_on_after(self._deadline_seconds):
+                return await trio.to_thread.run_sync(
+                    _decode, self._shard_set, request, abandon_on_cancel=True
+                )
+        raise DecodeDeadlineError(
+            f"decoding frames [{request[1]}, {request[2]}) took longer than "
+            f"{self._deadline_seconds:g} s (storage not answering?)",
+            where=self._recording_id(request),
         )
 
+    async def _in_worker(self, request: tuple[int, int, int]) -> tuple[Int16Array, DecodeTrace]:
+        assert self._available is not None
+        async with self._available:
+            worker = self._idle.pop()
+            try:
+                if not worker.alive():
+                    self._replace(worker, "was found dead")
+                return await self._ask(worker, request)
+            except CutfsError:
+                raise
+            except BaseException:
+                # Cancelled or broken mid-request: the worker's state is unknown.
+                self._replace(worker, "was interrupted")
+                raise
+            finally:
+                self._idle.append(worker)
 
-def _open_in_worker(directory: str) -> None:
-    global _worker_shards  # noqa: PLW0603 - one shard set per worker process
-    _worker_shards = ShardSet(directory)
+    async def _ask(
+        self, worker: _Worker, request: tuple[int, int, int]
+    ) -> tuple[Int16Array, DecodeTrace]:
+        where = self._recording_id(request)
+        frames = f"frames [{request[1]}, {request[2]})"
+        try:
+            worker.connection().send(request)
+        except OSError:
+            self._replace(worker, "could not be reached")
+            raise WorkerDiedError("the decoder worker died", where=where) from None
+        with trio.move_on_after(self._deadline_seconds):
+            while True:
+                await trio.lowlevel.wait_readable(worker.connection().fileno())
+                try:
+                    reply = worker.connection().recv()
+                except (EOFError, OSError):
+                    self._replace(worker, f"died decoding {frames}")
+                    raise WorkerDiedError(
+                        f"the decoder worker died decoding {frames}", where=where
+                    ) from None
+                if reply == _READY:
+                    continue  # a replacement worker announcing itself
+                if isinstance(reply, BaseException):
+                    raise reply
+                decoded: tuple[Int16Array, DecodeTrace] = reply
+                return decoded
+        self._replace(worker, f"missed the {self._deadline_seconds:g} s deadline")
+        raise DecodeDeadlineError(
+            f"decoding frames [{request[1]}, {request[2]}) took longer than "
+            f"{self._deadline_seconds:g} s (storage not answering?)",
+            where=where,
+        )
+
+    def _replace(self, worker: _Worker, reason: str) -> None:
+        log.warning("decoder worker %s %s: replacing it", worker.pid, reason)
+        self._restarts += 1
+        worker.stop()
+        worker.start()
+
+    def _recording_id(self, request: tuple[int, int, int]) -> str:
+        return self._shard_set.recordings[request[0]].recording_id
 
 
-def _ready() -> bool:
-    return _worker_shards is not None
+_READY = "ready"
 
 
-def _decode_in_worker(recording_index: int, first: int, end: int) -> Any:
-    assert _worker_shards is not None
-    return _worker_shards.read_frames(recording_index, first, end)
+class _Worker:
+    """One decoder process and the parent's end of its pipe."""
+
+    def __init__(self, shard_dir: str) -> None:
+        self._shard_dir = shard_dir
+        self._process: BaseProcess | None = None
+        self._connection: Connection | None = None
+        self._exited: list[BaseProcess] = []
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def connection(self) -> Connection:
+        if self._connection is None:
+            raise OSError("the worker is not running")
+        return self._connection
+
+    def start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        parent_end, child_end = context.Pipe()
+        self._process = context.Process(
+            target=_worker_main,
+            args=(child_end, self._shard_dir),
+            daemon=True,
+            name="cutfs-decoder",
+        )
+        self._process.start()
+        child_end.close()
+        self._connection = parent_end
+
+    def wait_ready(self, timeout_seconds: float) -> None:
+        connection = self.connection()
+        if not connection.poll(timeout_seconds):
+            raise CutfsError("a decoder worker did not start", where=self._shard_dir)
+        ready = connection.recv()
+        if isinstance(ready, BaseException):
+            raise ready
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    def stop(self) -> None:
+        """Kill the process without waiting for it.
+
+        A process stuck in the kernel (on storage that stopped answering) dies
+        when the kernel lets go of it; it is reaped on a later stop.
+        """
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        if self._process is not None:
+            if self._process.is_alive() and self._process.pid is not None:
+                os.kill(self._process.pid, signal.SIGKILL)
+            self._exited.append(self._process)
+            self._process = None
+        for process in list(self._exited):
+            process.join(timeout=0)
+            if process.exitcode is not None:
+                process.close()
+                self._exited.remove(process)
+
+
+def _decode(shard_set: ShardSet, request: tuple[int, int, int]) -> tuple[Int16Array, DecodeTrace]:
+    trace = DecodeTrace()
+    frames = shard_set.read_frames(*request, trace=trace)
+    return frames, trace
+
+
+def _worker_main(connection: Connection, shard_dir: str) -> None:
+    """A decoder process: open the shards, then answer requests until the pipe closes.
+
+    The first message says whether the shards opened (None, or the error).
+    Decoding errors are sent back as exceptions; anything else ends the process,
+    which the pool sees as a dead worker.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
+    try:
+        shard_set = ShardSet(shard_dir)
+    except CutfsError as exc:
+        connection.send(exc)
+        return
+    connection.send(_READY)
+    while True:
+        try:
+            request = connection.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: Any = _decode(shard_set, request)
+        except CutfsError as exc:
+            reply = exc
+        connection.send(reply)

@@ -5,6 +5,7 @@ Layout of a mount::
     cuts/<cut id>.wav              one file per cut (ids with "/" make directories)
     recordings/<recording id>.wav  every recording, whole, all channels
     wav.scp                        "<cut id> <absolute path of its file>" per line
+    .cutfs/stats                   the daemon's counters, as JSON (when enabled)
 
 Every file is immutable for the life of the mount.  Errors the kernel should
 see are raised as :class:`FsError` with an errno value; failures to produce
@@ -17,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -35,6 +37,8 @@ from vfs.inode_table import (
 )
 
 WAV_SCP: Final = "wav.scp"
+CONTROL_DIR: Final = ".cutfs"
+STATS_FILE: Final = "stats"
 CUTS_DIR: Final = "cuts"
 RECORDINGS_DIR: Final = "recordings"
 _DIRECTORY_MODE: Final = stat.S_IFDIR | 0o555
@@ -57,6 +61,9 @@ class Attributes:
     mode: int
     size_bytes: int
     links: int = 1
+    #: Content that changes while mounted (``.cutfs/stats``): the kernel must
+    #: neither cache it nor trust its size.
+    volatile: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +79,13 @@ class WavSource:
 class Filesystem:
     """Lookups, listings and reads of one mounted shard set."""
 
-    def __init__(self, shard_set: ShardSet, frame_source: FrameSource, mountpoint: str) -> None:
+    def __init__(
+        self,
+        shard_set: ShardSet,
+        frame_source: FrameSource,
+        mountpoint: str,
+        status: Callable[[], bytes] | None = None,
+    ) -> None:
         self._shards = shard_set
         self._frames = frame_source
         self._mountpoint = os.path.abspath(mountpoint)
@@ -88,6 +101,10 @@ class Filesystem:
             RECORDING_INODE_BASE,
         )
         self._wav_scp_inode = self._table.add_text(self._table.root, WAV_SCP)
+        self._volatile: dict[int, Callable[[], bytes]] = {}
+        if status is not None:
+            control = self._table.add_directory(self._table.root, CONTROL_DIR)
+            self._volatile[self._table.add_text(control, STATS_FILE)] = status
         self._texts: dict[int, bytes] = {}
         self._listings: dict[int, list[tuple[bytes, int]]] = {}
         self._link_counts: dict[int, int] = {}
@@ -110,7 +127,8 @@ class Filesystem:
         if kind is NodeKind.DIRECTORY:
             return Attributes(inode, _DIRECTORY_MODE, 0, self._links(inode))
         if kind is NodeKind.TEXT:
-            return Attributes(inode, _FILE_MODE, len(self._text(inode)))
+            volatile = inode in self._volatile
+            return Attributes(inode, _FILE_MODE, len(self._text(inode)), volatile=volatile)
         if kind in (NodeKind.CUT, NodeKind.RECORDING):
             return Attributes(inode, _FILE_MODE, self.wav_source(inode).layout.size_bytes)
         raise FsError(errno.ENOENT)
@@ -207,6 +225,9 @@ class Filesystem:
         return links
 
     def _text(self, inode: int) -> bytes:
+        volatile = self._volatile.get(inode)
+        if volatile is not None:
+            return volatile()
         text = self._texts.get(inode)
         if text is None:
             text = self._wav_scp() if inode == self._wav_scp_inode else b""

@@ -16,7 +16,7 @@ import trio
 from codec.pcm import Int16Array
 from codec.recording import Recording
 from vfs.block_cache import BlockCache, BlockKey
-from vfs.decode_pool import DecodePool
+from vfs.decode_pool import DecodeDeadlineError, DecodePool
 
 
 class FrameSource:
@@ -48,8 +48,12 @@ class FrameSource:
                 if (recording_index, n) in self._in_flight
             ]
             if waiting:
-                await waiting[0].wait()
-                continue
+                with trio.move_on_after(self._pool.deadline_seconds):
+                    await waiting[0].wait()
+                    continue
+                raise DecodeDeadlineError(
+                    "waited too long for another request's decode", where=recording.recording_id
+                )
             await self._decode_runs(recording_index, recording, missing, blocks)
         missing = self._collect(recording_index, numbers, blocks)
         if missing:  # evicted or failed while we waited: decode them ourselves

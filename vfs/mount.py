@@ -8,6 +8,7 @@ or SIGHUP, and then unmounts and releases everything, in that order.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import signal
@@ -15,18 +16,19 @@ import socket
 import subprocess
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import pyfuse3
 import trio
 
-from codec.errors import ShardFormatError
+from codec.errors import CutfsError, ShardFormatError
 from codec.shard_set import ShardSet
 from vfs.block_cache import DEFAULT_BLOCK_FRAMES, BlockCache
-from vfs.decode_pool import DecodePool
+from vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
 from vfs.filesystem import Filesystem
 from vfs.frame_source import FrameSource
-from vfs.operations import Operations
+from vfs.operations import Operations, Ownership
+from vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.mount")
 
@@ -55,7 +57,9 @@ class MountOptions:
     cache_bytes: int = 512 << 20
     workers: int = 2
     block_frames: int = DEFAULT_BLOCK_FRAMES
+    read_timeout_seconds: float = DEFAULT_DEADLINE_SECONDS
     allow_other: bool = False
+    ownership: Ownership = field(default_factory=Ownership)
     debug_fuse: bool = False
 
 
@@ -74,16 +78,31 @@ def serve(
             shard_set = stack.enter_context(ShardSet(shard_dir))
         except ShardFormatError as exc:
             raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
-        pool = DecodePool(shard_set, options.workers)
+        statistics = Statistics()
+        pool = DecodePool(shard_set, options.workers, options.read_timeout_seconds, statistics)
         stack.callback(pool.close)
-        pool.start()
-
+        try:
+            pool.start()
+        except CutfsError as exc:
+            raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
         cache = BlockCache(options.cache_bytes, options.block_frames)
-        filesystem = Filesystem(
-            shard_set, FrameSource(shard_set.recordings, cache, pool), mountpoint
-        )
-        operations = Operations(filesystem)
-        fuse_options = set(pyfuse3.default_options)
+
+        def status() -> bytes:
+            snapshot = statistics.snapshot(
+                cache=asdict(cache.statistics()),
+                workers=asdict(pool.statistics()),
+                shards={
+                    "directory": os.path.abspath(shard_dir),
+                    "recordings": len(shard_set.recordings),
+                    "cuts": shard_set.num_cuts,
+                },
+            )
+            return (json.dumps(snapshot, indent=2) + "\n").encode()
+
+        frames = FrameSource(shard_set.recordings, cache, pool)
+        filesystem = Filesystem(shard_set, frames, mountpoint, status)
+        operations = Operations(filesystem, options.ownership, statistics)
+        fuse_options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
         fuse_options |= {"fsname=cutfs", "subtype=cutfs", "ro", "nosuid", "nodev"}
         if options.allow_other:
             fuse_options.add("allow_other")

@@ -19,14 +19,17 @@ import errno
 import functools
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 
 from codec.errors import CutfsError
 from vfs.filesystem import Attributes, Filesystem, FsError
+from vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.operations")
 
@@ -35,12 +38,31 @@ CACHE_TIMEOUT_SECONDS = 86400.0
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
+#: How failures are counted in ``.cutfs/stats``.
+_ERROR_KINDS = {
+    "CorruptDataError": "corrupt_data",
+    "ShardFormatError": "shard_format",
+    "DecodeDeadlineError": "deadline",
+    "WorkerDiedError": "worker_died",
+}
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Owner and permission bits shown for every node (``None``: the daemon's own ids)."""
+
+    uid: int | None = None
+    gid: int | None = None
+    file_mode: int = 0o444
+    dir_mode: int = 0o555
+
 
 def _errno_boundary(
     handler: Callable[_P, Coroutine[Any, Any, _R]],
 ) -> Callable[_P, Coroutine[Any, Any, _R]]:
     @functools.wraps(handler)
     async def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        statistics: Statistics = args[0]._statistics  # type: ignore[attr-defined]
         try:
             return await handler(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -48,9 +70,11 @@ def _errno_boundary(
         except FsError as exc:
             raise pyfuse3.FUSEError(exc.errno) from None
         except CutfsError as exc:
+            statistics.error(_ERROR_KINDS.get(type(exc).__name__, "other"))
             log.error("%s failed: %s", handler.__name__, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
         except Exception:
+            statistics.error("internal")
             log.exception("%s failed unexpectedly", handler.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
@@ -65,12 +89,19 @@ class Operations(pyfuse3.Operations):
     enable_acl = False
 
     def __init__(
-        self, filesystem: Filesystem, uid: int | None = None, gid: int | None = None
+        self,
+        filesystem: Filesystem,
+        ownership: Ownership | None = None,
+        statistics: Statistics | None = None,
     ) -> None:
         super().__init__()
+        ownership = ownership or Ownership()
         self._fs = filesystem
-        self._uid = os.getuid() if uid is None else uid
-        self._gid = os.getgid() if gid is None else gid
+        self._uid = os.getuid() if ownership.uid is None else ownership.uid
+        self._gid = os.getgid() if ownership.gid is None else ownership.gid
+        self._file_mode = ownership.file_mode & 0o7777
+        self._dir_mode = ownership.dir_mode & 0o7777
+        self._statistics = statistics or Statistics()
         self._time_ns = time.time_ns()
 
     @_errno_boundary
@@ -105,11 +136,18 @@ class Operations(pyfuse3.Operations):
     @_errno_boundary
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         self._fs.check_open(inode, flags)
+        if self._fs.getattr(inode).volatile:
+            return pyfuse3.FileInfo(fh=inode, keep_cache=False, direct_io=True)
         return pyfuse3.FileInfo(fh=inode, keep_cache=True, direct_io=False)
 
     @_errno_boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return await self._fs.read(fh, off, size)
+        started = time.perf_counter()
+        data = await self._fs.read(fh, off, size)
+        self._statistics.observe("read", time.perf_counter() - started)
+        self._statistics.count("reads")
+        self._statistics.count("read_bytes", len(data))
+        return data
 
     @_errno_boundary
     async def release(self, fh: int) -> None:
@@ -129,8 +167,9 @@ class Operations(pyfuse3.Operations):
         entry.st_ino = attributes.inode
         entry.generation = 0
         entry.entry_timeout = CACHE_TIMEOUT_SECONDS
-        entry.attr_timeout = CACHE_TIMEOUT_SECONDS
-        entry.st_mode = attributes.mode
+        entry.attr_timeout = 0 if attributes.volatile else CACHE_TIMEOUT_SECONDS
+        kind = stat.S_IFMT(attributes.mode)
+        entry.st_mode = kind | (self._dir_mode if kind == stat.S_IFDIR else self._file_mode)
         entry.st_nlink = attributes.links
         entry.st_uid = self._uid
         entry.st_gid = self._gid

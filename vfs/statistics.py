@@ -1,0 +1,88 @@
+"""Counters and latency histograms of a mount, published as ``.cutfs/stats``.
+
+Everything here is updated from the trio thread only, so it needs no locks.
+Recording an event costs a dictionary update; latencies go into fixed
+logarithmic buckets, so memory stays constant however long the mount runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from typing import Any, Final
+
+_BUCKETS_PER_OCTAVE: Final = 4
+_SMALLEST_SECONDS: Final = 1e-6
+
+
+class Histogram:
+    """Latencies in buckets a quarter-octave wide (about 19% relative precision)."""
+
+    def __init__(self) -> None:
+        self._buckets: Counter[int] = Counter()
+        self.count = 0
+        self.total_seconds = 0.0
+        self.max_seconds = 0.0
+
+    def record(self, seconds: float) -> None:
+        self.count += 1
+        self.total_seconds += seconds
+        self.max_seconds = max(self.max_seconds, seconds)
+        ratio = max(seconds, _SMALLEST_SECONDS) / _SMALLEST_SECONDS
+        self._buckets[int(math.log2(ratio) * _BUCKETS_PER_OCTAVE)] += 1
+
+    def quantile(self, fraction: float) -> float:
+        """The upper edge of the bucket holding the ``fraction`` quantile, in seconds."""
+        if self.count == 0:
+            return 0.0
+        rank = fraction * self.count
+        seen = 0
+        for bucket in sorted(self._buckets):
+            seen += self._buckets[bucket]
+            if seen >= rank:
+                edge = _SMALLEST_SECONDS * 2 ** ((bucket + 1) / _BUCKETS_PER_OCTAVE)
+                return min(edge, self.max_seconds)
+        return self.max_seconds
+
+    def summary(self) -> dict[str, float]:
+        mean = self.total_seconds / self.count if self.count else 0.0
+        return {
+            "count": self.count,
+            "mean_ms": round(mean * 1000, 3),
+            "p50_ms": round(self.quantile(0.5) * 1000, 3),
+            "p99_ms": round(self.quantile(0.99) * 1000, 3),
+            "max_ms": round(self.max_seconds * 1000, 3),
+        }
+
+
+class Statistics:
+    """What a mount has done since it started."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.counters: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.latencies: dict[str, Histogram] = {}
+
+    def count(self, name: str, amount: int = 1) -> None:
+        self.counters[name] += amount
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] += 1
+
+    def observe(self, phase: str, seconds: float) -> None:
+        histogram = self.latencies.get(phase)
+        if histogram is None:
+            histogram = self.latencies[phase] = Histogram()
+        histogram.record(seconds)
+
+    def snapshot(self, **sections: Any) -> dict[str, Any]:
+        """A JSON-ready picture of the counters, plus the caller's own sections."""
+        return {
+            "uptime_seconds": round(time.time() - self.started, 3),
+            "counters": dict(sorted(self.counters.items())),
+            "errors": dict(sorted(self.errors.items())),
+            "latency": {phase: h.summary() for phase, h in sorted(self.latencies.items())},
+            **sections,
+        }
