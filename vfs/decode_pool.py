@@ -87,6 +87,14 @@ class DecodePool:
         for worker in self._workers:
             worker.wait_ready(self._deadline_seconds)
 
+    async def watch(self, interval_seconds: float = 1.0) -> None:
+        """Replace idle workers that died (busy ones are seen by their request); runs forever."""
+        while True:
+            await trio.sleep(interval_seconds)
+            for worker in list(self._idle):
+                if not worker.alive():
+                    self._replace(worker, "died while idle")
+
     def close(self) -> None:
         for worker in self._workers:
             worker.stop()

@@ -122,15 +122,16 @@ def serve(
             shard_set.num_cuts,
         )
         try:
-            trio.run(_run, on_ready)
+            trio.run(_run, on_ready, pool)
         finally:
             pyfuse3.close(unmount=True)  # also on errors: never leave a stale mount
             log.info("unmounted %s", mountpoint)
 
 
-async def _run(on_ready: Callable[[], None]) -> None:
+async def _run(on_ready: Callable[[], None], pool: DecodePool) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal)
+        nursery.start_soon(pool.watch)
         on_ready()
         _notify_systemd("READY=1")
         await pyfuse3.main()

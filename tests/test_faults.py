@@ -1,0 +1,244 @@
+"""Faults injected into real mounts: stalled storage, dead and hung decoders, many open files,
+shards that lie.  Each shows that the failing read alone fails and the mount goes on."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from conftest import CUTFS, is_mounted, mounted, needs_fuse, unmount
+
+from codec.shard_format import CUTS_FILE
+
+pytestmark = [pytest.mark.mount, needs_fuse]
+TESTS = Path(__file__).resolve().parent
+
+
+def _stats(mount: str) -> dict[str, dict[str, int]]:
+    with open(os.path.join(mount, ".cutfs", "stats")) as stats:
+        return json.load(stats)  # type: ignore[no-any-return]
+
+
+def _read(path: str, offset: int = 0, size: int = -1) -> bytes:
+    with open(path, "rb") as audio:
+        audio.seek(offset)
+        return audio.read(size)
+
+
+def _in_thread(function: Callable[[], bytes], timeout: float) -> bytes | BaseException:
+    """Run ``function`` in a thread; a read that never returns fails the test instead of hanging."""
+    outcome: list[bytes | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(function())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert outcome, f"the read did not return within {timeout} s"
+    return outcome[0]
+
+
+def _decoder_pids(mountpoint: str) -> list[int]:
+    daemon = subprocess.run(
+        ["pgrep", "-f", f"vfs.cli .*{mountpoint}"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    children = subprocess.run(
+        ["pgrep", "-P", ",".join(daemon)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    return [int(pid) for pid in children if b"spawn_main" in _command_line(int(pid))]
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as command_line:
+            return command_line.read()
+    except OSError:
+        return b""
+
+
+@pytest.fixture()
+def slow_storage(shard_dir: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """The shards seen through a FUSE passthrough that SIGSTOP pauses, like a hung NFS server."""
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, str(TESTS / "pausable_fs.py"), shard_dir, str(storage)]
+    )
+    deadline = time.monotonic() + 30
+    while not (is_mounted(str(storage)) and os.listdir(storage)):
+        assert time.monotonic() < deadline, "the passthrough did not mount"
+        time.sleep(0.05)
+    try:
+        yield process, str(storage)
+    finally:
+        process.send_signal(signal.SIGCONT)
+        unmount(str(storage))
+        process.wait(timeout=30)
+
+
+def test_stalled_storage_fails_reads_at_the_deadline_and_serves_the_rest(
+    slow_storage: tuple[subprocess.Popen[bytes], str], tmp_path: Path
+) -> None:
+    storage_process, storage = slow_storage
+    with mounted(
+        storage,
+        str(tmp_path / "mnt"),
+        "--workers",
+        "1",
+        "--read-timeout",
+        "2",
+        "--log-file",
+        str(tmp_path / "log"),
+    ) as mount:
+        cached_cut = os.path.join(mount, "cuts", "flac_mono_16k", "start.wav")
+        cached = _read(cached_cut)
+        stalled_cut = os.path.join(mount, "cuts", "opus_mono_16k", "overlap-a.wav")
+        storage_process.send_signal(signal.SIGSTOP)
+        try:
+            outcome = _in_thread(lambda: _read(stalled_cut), timeout=60)
+            assert isinstance(outcome, OSError) and outcome.errno == errno.EIO
+            # Everything that needs no storage is still answered, by the daemon itself:
+            recording = os.path.join(mount, "recordings", "flac_mono_16k.wav")
+            assert _in_thread(lambda: _read(recording, 44, 60000), 10) == cached[44:60044]
+            assert os.stat(os.path.join(mount, "cuts", "mp3_cbr_mono_16k", "end.wav")).st_size
+            assert "cuts" in os.listdir(mount)
+            stats = _stats(mount)
+            assert stats["errors"]["deadline"] >= 1
+            assert stats["workers"]["restarts"] >= 1
+        finally:
+            storage_process.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while True:  # the replacement worker finishes starting once storage answers
+            try:
+                data = _read(stalled_cut)
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+        assert len(data) == 44 + 2 * 10 * 48000
+    assert "opus_mono_16k" in (tmp_path / "log").read_text()
+
+
+def test_a_hung_decoder_is_replaced_and_only_its_read_fails(shard_dir: str, tmp_path: Path) -> None:
+    with mounted(
+        shard_dir, str(tmp_path / "mnt"), "--workers", "1", "--read-timeout", "2"
+    ) as mount:
+        expected = _read(os.path.join(mount, "cuts", "vorbis_mono_16k", "start.wav"))
+        (worker,) = _decoder_pids(mount)
+        os.kill(worker, signal.SIGSTOP)
+        cut = os.path.join(mount, "cuts", "mp3_vbr_stereo_44k", "end.wav")
+        outcome = _in_thread(lambda: _read(cut), timeout=60)
+        # The kernel retries a failed read once; the retry reaches the new worker.
+        assert isinstance(outcome, bytes) or getattr(outcome, "errno", None) == errno.EIO
+        assert _decoder_pids(mount) != [worker]
+        assert _stats(mount)["workers"]["restarts"] == 1
+        assert (
+            _read(os.path.join(mount, "recordings", "vorbis_mono_16k.wav"), 0, len(expected))[44:]
+            == expected[44:]
+        )
+
+
+def test_a_crashed_decoder_is_replaced_and_only_its_read_fails(
+    shard_dir: str, tmp_path: Path
+) -> None:
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "2") as mount:
+        before = _decoder_pids(mount)
+        assert len(before) == 2
+        for pid in before:
+            os.kill(pid, signal.SIGSTOP)
+        cut = os.path.join(mount, "cuts", "flac_s24_stereo_48k", "overlap-b.wav")
+        reader = threading.Thread(target=lambda: _in_thread(lambda: _read(cut), 60))
+        reader.start()
+        time.sleep(0.5)  # the read is now parked in a stopped worker
+        for pid in before:
+            os.kill(pid, signal.SIGKILL)
+        reader.join(60)
+        assert not reader.is_alive()
+        deadline = time.monotonic() + 20  # the watcher replaces idle dead workers each second
+        while len(after := _decoder_pids(mount)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(after) == 2 and not set(after) & set(before)
+        stats = _stats(mount)
+        assert stats["workers"]["alive"] == 2
+        assert stats["workers"]["restarts"] >= 1
+        assert len(_read(cut)) == 44 + 2 * 10 * 48000
+
+
+def test_thousands_of_open_files_cost_the_daemon_no_descriptors(
+    shard_dir: str, tmp_path: Path
+) -> None:
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "1") as mount:
+        daemon = int(
+            subprocess.run(
+                ["pgrep", "-f", f"vfs.cli .*{mount}"], capture_output=True, text=True, check=True
+            ).stdout.split()[0]
+        )
+        descriptors_before = len(os.listdir(f"/proc/{daemon}/fd"))
+        holders = [
+            subprocess.Popen(
+                [sys.executable, "-c", _HOLD_OPEN, mount, str(number)],
+                stdout=subprocess.PIPE,
+                stdin=subprocess.PIPE,
+                text=True,
+            )
+            for number in range(4)
+        ]
+        try:
+            for holder in holders:
+                assert holder.stdout is not None
+                assert holder.stdout.readline().strip() == "1000 open"
+            assert len(os.listdir(f"/proc/{daemon}/fd")) <= descriptors_before + 4
+        finally:
+            for holder in holders:
+                holder.communicate("done\n", timeout=60)
+        assert all(holder.returncode == 0 for holder in holders)
+
+
+_HOLD_OPEN = """
+import os, sys
+mount, number = sys.argv[1], int(sys.argv[2])
+paths = []
+for root, _, names in os.walk(os.path.join(mount, "cuts")):
+    paths += [os.path.join(root, name) for name in names]
+files = [open(paths[(number * 1000 + i) % len(paths)], "rb") for i in range(1000)]
+assert all(f.read(44)[:4] == b"RIFF" for f in files)
+print("1000 open", flush=True)
+sys.stdin.readline()
+for f in files:
+    f.close()
+"""
+
+
+def test_a_shard_that_lies_is_refused_at_mount(shard_dir: str, tmp_path: Path) -> None:
+    copy = tmp_path / "lying"
+    shutil.copytree(shard_dir, copy)
+    with pa.OSFile(str(copy / CUTS_FILE), "rb") as source:
+        cuts = pa.ipc.open_file(source).read_all()
+    frames = cuts.column("num_frames").to_pylist()
+    frames[0] = 10**12  # a cut far past the end of its recording
+    cuts = cuts.set_column(
+        cuts.schema.get_field_index("num_frames"), "num_frames", pa.array(frames, pa.int64())
+    )
+    with pa.OSFile(str(copy / CUTS_FILE), "wb") as sink, pa.ipc.new_file(sink, cuts.schema) as w:
+        w.write_table(cuts)
+    result = subprocess.run(
+        [*CUTFS, "mount", str(copy), str(tmp_path)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 3
+    assert "lies outside its recording" in result.stderr
+    assert not is_mounted(str(tmp_path))
