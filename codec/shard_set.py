@@ -142,9 +142,17 @@ class ShardSet:
         """Refuse tables that contradict each other or the manifest."""
         num_recordings = len(self.recordings)
         for number, (shard, _, stored) in enumerate(self._blob_places):
+            recording = self.recordings[number]
             if not 0 <= shard < len(self._shard_names) or stored < 0:
                 raise ShardFormatError(
-                    f"recording {self.recordings[number].recording_id} points at shard {shard}",
+                    f"recording {recording.recording_id} points at shard {shard}",
+                    where=self.directory,
+                )
+            offsets = recording.seek_index.byte_offsets
+            if recording.header_bytes > stored or offsets[0] < 0 or offsets[-1] >= max(stored, 1):
+                raise ShardFormatError(
+                    f"recording {recording.recording_id}: its seek index points outside its "
+                    f"{stored} bytes",
                     where=self.directory,
                 )
         if len(self.cut_recordings) and (

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from conftest import CUTFS, is_mounted, mounted, needs_fuse, unmount
 
-from codec.shard_format import CUTS_FILE
+from codec.shard_format import CUTS_FILE, RECORDINGS_FILE
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 TESTS = Path(__file__).resolve().parent
@@ -224,21 +224,57 @@ for f in files:
 """
 
 
-def test_a_shard_that_lies_is_refused_at_mount(shard_dir: str, tmp_path: Path) -> None:
+def _rewrite_column(path: Path, column: str, change: Callable[[list[object]], None]) -> None:
+    with pa.OSFile(str(path), "rb") as source:
+        table = pa.ipc.open_file(source).read_all()
+    values = table.column(column).to_pylist()
+    change(values)
+    index = table.schema.get_field_index(column)
+    table = table.set_column(index, column, pa.array(values, table.schema.field(index).type))
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def _far_past_the_end(values: list[object]) -> None:
+    values[0] = 10**12
+
+
+def _seek_point_past_the_blob(values: list[object]) -> None:
+    values[3] = [*values[3][:-1], 10**12]  # type: ignore[index]
+
+
+def _version_from_the_future(directory: Path) -> None:
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["version"] = 99
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("lie", "message"),
+    [
+        (
+            lambda d: _rewrite_column(d / CUTS_FILE, "num_frames", _far_past_the_end),
+            "lies outside its recording",
+        ),
+        (
+            lambda d: _rewrite_column(
+                d / RECORDINGS_FILE, "seek_byte_offsets", _seek_point_past_the_blob
+            ),
+            "seek index points outside",
+        ),
+        (_version_from_the_future, "version 99 is not supported"),
+        (lambda d: (d / CUTS_FILE).write_bytes(b"garbage"), "cannot read table"),
+    ],
+)
+def test_a_shard_that_lies_is_refused_at_mount(
+    shard_dir: str, tmp_path: Path, lie: Callable[[Path], None], message: str
+) -> None:
     copy = tmp_path / "lying"
     shutil.copytree(shard_dir, copy)
-    with pa.OSFile(str(copy / CUTS_FILE), "rb") as source:
-        cuts = pa.ipc.open_file(source).read_all()
-    frames = cuts.column("num_frames").to_pylist()
-    frames[0] = 10**12  # a cut far past the end of its recording
-    cuts = cuts.set_column(
-        cuts.schema.get_field_index("num_frames"), "num_frames", pa.array(frames, pa.int64())
-    )
-    with pa.OSFile(str(copy / CUTS_FILE), "wb") as sink, pa.ipc.new_file(sink, cuts.schema) as w:
-        w.write_table(cuts)
+    lie(copy)
     result = subprocess.run(
         [*CUTFS, "mount", str(copy), str(tmp_path)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 3
-    assert "lies outside its recording" in result.stderr
+    assert message in result.stderr
     assert not is_mounted(str(tmp_path))
