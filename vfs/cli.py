@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from codec.errors import CutfsError
 from codec.packer import pack
@@ -417,10 +417,29 @@ def _configure_logging(args: argparse.Namespace) -> None:
     elif args.log_file:
         handler = logging.FileHandler(args.log_file)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    elif os.environ.get("JOURNAL_STREAM"):
+        # Under systemd, stderr goes to the journal, which reads the level from a
+        # "<priority>" prefix.
+        handler = logging.StreamHandler()
+        handler.setFormatter(_JournalFormatter("%(levelname)s %(name)s: %(message)s"))
     else:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("cutfs: %(levelname)s %(message)s"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+class _JournalFormatter(logging.Formatter):
+    _PRIORITIES: ClassVar[dict[int, int]] = {
+        logging.DEBUG: 7,
+        logging.INFO: 6,
+        logging.WARNING: 4,
+        logging.ERROR: 3,
+        logging.CRITICAL: 2,
+    }
+
+    def format(self, record: logging.LogRecord) -> str:
+        priority = self._PRIORITIES.get(record.levelno, 6)
+        return "\n".join(f"<{priority}>{line}" for line in super().format(record).splitlines())
 
 
 def _stats(args: argparse.Namespace) -> int:
