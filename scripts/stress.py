@@ -20,6 +20,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import platform
 import random
 import signal
 import struct
@@ -498,7 +499,20 @@ def _print_and_save(report: dict[str, Any], path: Path | None) -> None:
         f"- workers: {stats['workers']}",
         f"- cache: {stats['cache']}",
     ]
-    text = "\n".join(lines)
+    machine = (
+        f"{os.cpu_count()} cores, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
+    heading = [
+        "# cutfs stress run",
+        "",
+        f"`scripts/stress.py --duration {report['duration_seconds']:g} --readers "
+        f"{report['readers']}` on {time.strftime('%Y-%m-%d')}, {machine}. Every byte read is "
+        "compared with ffmpeg's decode of the original files (1 LSB allowed for lossy codecs); "
+        "reads are whole files or random byte ranges of cuts and recordings.",
+        "",
+    ]
+    text = "\n".join(heading + lines)
     print(text, flush=True)
     if path is not None:
         path.write_text(text + "\n")

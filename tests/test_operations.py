@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyfuse3
 import pytest
 import trio
 from conftest import Reference
 
+from codec.packer import pack
+from codec.shard_format import CUTS_FILE
 from codec.shard_set import ShardSet
 from vfs.block_cache import BlockCache
 from vfs.decode_pool import DecodePool
@@ -215,3 +218,60 @@ def test_corrupt_data_fails_with_eio_and_a_log_line(
         "vorbis_mono_16k" in record.getMessage() and record.levelname == "ERROR"
         for record in caplog.records
     )
+
+
+HOSTILE_IDS = [
+    "../../etc/passwd",
+    "/absolute",
+    "x" * 10_000,
+    "ctrl\x01\x1b[31m\n",
+    "nul\x00",
+    "replaced-\ufffd",
+    ".",
+    "..",
+    "",
+    "a/../../b",
+    "é" * 5000,
+]
+
+
+def test_hostile_ids_stay_inside_the_mount(corpus: dict[str, str], tmp_path: Path) -> None:
+    data = tmp_path / "kaldi"
+    data.mkdir()
+    (data / "wav.scp").write_text(f"rec {corpus['flac_mono_16k.flac']}\n")
+    segments = "".join(f"seg{n} rec {n}.0 {n + 1}.0\n" for n in range(len(HOSTILE_IDS)))
+    (data / "segments").write_text(segments)
+    pack([str(data)], str(tmp_path / "shards"))
+    # Give the cuts hostile ids by rewriting the table (Kaldi ids cannot hold them).
+    path = tmp_path / "shards" / CUTS_FILE
+    with pa.OSFile(str(path), "rb") as source:
+        table = pa.ipc.open_file(source).read_all()
+    ids = pa.array(HOSTILE_IDS)
+    table = table.set_column(0, "cut_id", ids)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    mount = Mount(str(tmp_path / "shards"))
+
+    async def walk(inode: int, depth: int) -> list[bytes]:
+        found = []
+        fs = mount.ops._fs
+        for name, child in fs.listing(inode):
+            assert name not in (b"", b".", b"..") and b"/" not in name and b"\0" not in name
+            assert len(name) <= 255
+            attributes = await mount.ops.lookup(inode, name, None)
+            assert attributes.st_ino == child
+            if fs.getattr(child).mode & 0o040000:
+                found += await walk(child, depth + 1)
+            else:
+                found.append(await mount.ops.read(child, 0, 44))
+        return found
+
+    async def scenario() -> None:
+        cuts = await mount.inode("cuts")
+        headers = await walk(cuts, 0)
+        assert len(headers) == len(HOSTILE_IDS)
+        assert all(header[:4] == b"RIFF" for header in headers)
+        root = [name for name, _ in mount.ops._fs.listing(ROOT_INODE)]
+        assert sorted(root) == [b"cuts", b"recordings", b"wav.scp"]
+
+    trio.run(scenario)
