@@ -38,7 +38,7 @@ class ShardSet:
 
     def __init__(self, directory: str, storage: Storage | None = None) -> None:
         self.directory = directory
-        self._storage = storage or LocalStorage(directory)
+        self.storage: Storage = storage or LocalStorage(directory)
         self.manifest = _read_manifest(directory)
         self._shard_names = [str(shard["file"]) for shard in self.manifest["shards"]]
         recordings = _read_table(directory, RECORDINGS_FILE)
@@ -65,7 +65,7 @@ class ShardSet:
 
     def close(self) -> None:
         self._readers.clear()
-        self._storage.close()
+        self.storage.close()
 
     def __enter__(self) -> ShardSet:
         return self
@@ -97,6 +97,15 @@ class ShardSet:
             self._blobs[recording_index] = place
         shard, start, end = place
         return self._shard(shard)[0][start:end]
+
+    def blob_location(self, recording_index: int) -> tuple[str, int, int]:
+        """Where a recording's bytes are: the shard file name and the byte range in it."""
+        place = self._blobs.get(recording_index)
+        if place is None:
+            place = self._locate_blob(recording_index)
+            self._blobs[recording_index] = place
+        shard, start, end = place
+        return self._shard_names[shard], start, end
 
     def read_frames(
         self, recording_index: int, first: int, end: int, trace: DecodeTrace | None = None
@@ -130,7 +139,7 @@ class ShardSet:
         if opened is None:
             name = self._shard_names[number]
             try:
-                view = self._storage.open_shard(name)
+                view = self.storage.open_shard(name)
                 reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(view)))
             except (OSError, ValueError, pa.ArrowException) as exc:
                 raise ShardFormatError(f"cannot open shard: {exc}", where=name) from exc

@@ -23,7 +23,6 @@ import os
 import platform
 import random
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -198,19 +197,6 @@ def _write_manifests(work: Path, corpus: dict[str, str], corpus_module: Any) -> 
     return [str(recordings), str(cuts)]
 
 
-def _header(rate: int, channels: int, frames: int) -> bytes:
-    data = frames * channels * 2
-    return (
-        b"RIFF"
-        + struct.pack("<I", 36 + data)
-        + b"WAVE"
-        + b"fmt "
-        + struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * channels * 2, channels * 2, 16)
-        + b"data"
-        + struct.pack("<I", data)
-    )
-
-
 def _targets(
     corpus: dict[str, str], cuts_manifest: str, mountpoint: Path, corpus_module: Any
 ) -> list[Target]:
@@ -225,7 +211,7 @@ def _targets(
         targets.append(
             Target(
                 str(mountpoint / "recordings" / f"{rec_id}.wav"),
-                _header(rate, channels, len(samples)) + body,
+                corpus_module.wav_header(rate, channels, len(samples)) + body,
                 is_lossless,
             )
         )
@@ -239,7 +225,7 @@ def _targets(
             targets.append(
                 Target(
                     str(mountpoint / "cuts" / escape_id(cut["id"])),
-                    _header(rate, 1, len(mono)) + mono.astype("<i2").tobytes(),
+                    corpus_module.wav_header(rate, 1, len(mono)) + mono.astype("<i2").tobytes(),
                     is_lossless,
                 )
             )

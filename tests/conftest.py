@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ import pytest
 from corpus import ENCODINGS, ffmpeg_decode, make_corpus
 
 from codec.packer import pack
+from codec.shard_set import ShardSet
 
 CORPUS_SECONDS = 30.0
 
@@ -249,3 +250,20 @@ def mount(tmp_path_factory: pytest.TempPathFactory, shard_dir: str) -> Iterator[
     mountpoint = str(tmp_path_factory.mktemp("mnt"))
     with mounted(shard_dir, mountpoint, "--workers", "2", "--cache-size", "64M") as path:
         yield path
+
+
+def copy_and_damage(
+    shard_dir: str, copy: Path, recording: str, damage: Callable[[int], list[tuple[int, bytes]]]
+) -> None:
+    """Copy the shards to ``copy`` and overwrite parts of one recording's blob.
+
+    ``damage`` gets the blob's length and returns (offset in the blob, new bytes) pairs.
+    """
+    shutil.copytree(shard_dir, copy)
+    with ShardSet(str(copy)) as shards:
+        index = [r.recording_id for r in shards.recordings].index(recording)
+        name, start, end = shards.blob_location(index)
+    with open(copy / name, "r+b") as shard_file:
+        for offset, data in damage(end - start):
+            shard_file.seek(start + offset)
+            shard_file.write(data)

@@ -8,6 +8,7 @@ Nothing is downloaded.  Run as a script to make a small demo corpus::
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -180,6 +181,26 @@ def ffmpeg_decode(path: str) -> tuple[np.ndarray, int, int]:
         capture_output=True,
     ).stdout
     return np.frombuffer(raw, dtype="<i2").reshape(-1, channels), rate, channels
+
+
+def wav_header(rate: int, channels: int, frames: int) -> bytes:
+    """The canonical 44-byte header of 16-bit PCM, built by hand as the test oracle."""
+    data = frames * channels * 2
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + data)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", 16)  # fmt chunk of 16 bytes
+        + struct.pack("<H", 1)  # PCM
+        + struct.pack("<H", channels)
+        + struct.pack("<I", rate)
+        + struct.pack("<I", rate * channels * 2)  # byte rate
+        + struct.pack("<H", channels * 2)  # block align
+        + struct.pack("<H", 16)  # bits per sample
+        + b"data"
+        + struct.pack("<I", data)
+    )
 
 
 if __name__ == "__main__":

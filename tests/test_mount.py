@@ -6,9 +6,7 @@ import errno
 import hashlib
 import os
 import random
-import shutil
 import signal
-import struct
 import subprocess
 import time
 import wave
@@ -22,6 +20,7 @@ from conftest import (
     CUTFS,
     ODD_IDS,
     Reference,
+    copy_and_damage,
     cut_plan,
     is_mounted,
     mounted,
@@ -29,9 +28,9 @@ from conftest import (
     recording_id,
     unmount,
 )
+from corpus import wav_header
 
 from codec.cut import seconds_to_frames
-from codec.shard_set import ShardSet
 from vfs.path_escape import escape_id, unescape_path
 
 pytestmark = [pytest.mark.mount, needs_fuse]
@@ -49,28 +48,9 @@ def expected_cut(
     return reference.samples[first : first + count, channel : channel + 1], reference.rate
 
 
-def hand_built_header(rate: int, channels: int, frames: int) -> bytes:
-    data = frames * channels * 2
-    return (
-        b"RIFF"
-        + struct.pack("<I", 36 + data)
-        + b"WAVE"
-        + b"fmt "
-        + struct.pack("<I", 16)  # fmt chunk of 16 bytes
-        + struct.pack("<H", 1)  # PCM
-        + struct.pack("<H", channels)
-        + struct.pack("<I", rate)
-        + struct.pack("<I", rate * channels * 2)  # byte rate
-        + struct.pack("<H", channels * 2)  # block align
-        + struct.pack("<H", 16)  # bits per sample
-        + b"data"
-        + struct.pack("<I", data)
-    )
-
-
 def expected_file(cut: dict[str, object], references: dict[str, Reference]) -> bytes:
     samples, rate = expected_cut(cut, references)
-    return hand_built_header(rate, 1, len(samples)) + samples.astype("<i2").tobytes()
+    return wav_header(rate, 1, len(samples)) + samples.astype("<i2").tobytes()
 
 
 def cut_path(mount: str, cut_id: str) -> str:
@@ -175,7 +155,7 @@ def test_recordings_are_whole(mount: str, references: dict[str, Reference]) -> N
         with open(path, "rb") as recording_file:
             data = recording_file.read()
         frames, channels = reference.samples.shape
-        assert data[:44] == hand_built_header(reference.rate, channels, frames)
+        assert data[:44] == wav_header(reference.rate, channels, frames)
         samples = np.frombuffer(data[44:], dtype="<i2").reshape(-1, channels)
         reference.assert_matches(samples, 0)
 
@@ -275,17 +255,15 @@ def test_writes_are_refused(mount: str) -> None:
 def corrupt_shard_dir(shard_dir: str, tmp_path: Path) -> str:
     """A copy of the shards with the middle of one FLAC recording overwritten."""
     copy = tmp_path / "corrupt"
-    shutil.copytree(shard_dir, copy)
-    with ShardSet(str(copy)) as shards:
-        index = [r.recording_id for r in shards.recordings].index("flac_mono_16k")
-        shard, start, end = shards._locate_blob(index)
-        shard_name = shards.manifest["shards"][shard]["file"]
-    with open(copy / shard_name, "r+b") as shard_file:
-        middle = (start + end) // 2
-        shard_file.seek(middle - 60_000)
-        shard_file.write(bytes(range(256)) * 480)  # 120 kB of garbage
-        shard_file.seek(end - 40_000)
-        shard_file.write(b"\xff" * 40_000)
+    copy_and_damage(
+        shard_dir,
+        copy,
+        "flac_mono_16k",
+        lambda size: [
+            (size // 2 - 60_000, bytes(range(256)) * 480),  # 120 kB of garbage
+            (size - 40_000, b"\xff" * 40_000),
+        ],
+    )
     return str(copy)
 
 

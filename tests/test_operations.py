@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +13,7 @@ import pyarrow as pa
 import pyfuse3
 import pytest
 import trio
-from conftest import Reference
+from conftest import Reference, copy_and_damage
 
 from codec.packer import pack
 from codec.shard_format import CUTS_FILE
@@ -197,14 +196,10 @@ def test_corrupt_data_fails_with_eio_and_a_log_line(
     shard_dir: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     copy = tmp_path / "shards"
-    shutil.copytree(shard_dir, copy)
-    with ShardSet(str(copy)) as shards:
-        index = [r.recording_id for r in shards.recordings].index("vorbis_mono_16k")
-        shard, start, end = shards._locate_blob(index)
-        name = shards.manifest["shards"][shard]["file"]
-    with open(copy / name, "r+b") as shard_file:
-        shard_file.seek(start + 20_000)
-        shard_file.write(b"\x00" * (end - start - 20_000))  # truncated to 20 kB, zero-filled
+    # Everything after the first 20 kB zero-filled, as a truncated and padded file would be.
+    copy_and_damage(
+        shard_dir, copy, "vorbis_mono_16k", lambda size: [(20_000, b"\x00" * (size - 20_000))]
+    )
     mount = Mount(str(copy))
 
     async def scenario() -> None:
