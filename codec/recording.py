@@ -26,6 +26,10 @@ class DecodeMethod(StrEnum):
     SPLICE = "splice"
     #: Containers with their own sample tables (MP4/M4A): the demuxer seeks.
     SEEK = "seek"
+    #: FLAC through libsndfile (python-soundfile), which seeks with the frame
+    #: headers' sample numbers and decodes faster than PyAV; the seek index is
+    #: kept for accounting and as the fallback plan.
+    SNDFILE = "sndfile"
 
 
 class FrameTiming(StrEnum):

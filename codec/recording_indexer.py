@@ -107,6 +107,10 @@ def index_recording(blob: memoryview, recording_id: str, workdir: str) -> Indexe
         return IndexedRecording(recording)
     scan = _scan(blob, recording_id)
     plan = scan.recording()
+    if plan is not None and plan.codec_name == "flac" and plan.container_format == "flac":
+        with_sndfile = replace(plan, method=DecodeMethod.SNDFILE)
+        if _seeks_match(blob, with_sndfile, scan):
+            return IndexedRecording(with_sndfile)
     if plan is not None and _seeks_match(blob, plan, scan):
         return IndexedRecording(plan)
     reason = scan.unsupported_reason or "decoding after a seek does not match a full decode"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from fractions import Fraction
 from typing import Any
 
@@ -112,7 +113,13 @@ class ShardSet:
     ) -> Int16Array:
         """Frames ``[first, end)`` of the full decode of a recording."""
         recording = self.recordings[recording_index]
-        return decode_frames(self.blob(recording_index), recording, first, end, trace)
+        if trace is not None and trace.profile:
+            started = time.perf_counter()
+            blob = self.blob(recording_index)
+            trace.add_phase("shard_slice", time.perf_counter() - started)
+        else:
+            blob = self.blob(recording_index)
+        return decode_frames(blob, recording, first, end, trace)
 
     def _locate_blob(self, recording_index: int) -> tuple[int, int, int]:
         shard, batch_number, stored_bytes = self._blob_places[recording_index]

@@ -24,6 +24,7 @@ from vfs.filesystem import Filesystem
 from vfs.frame_source import FrameSource
 from vfs.inode_table import ROOT_INODE
 from vfs.operations import Operations
+from vfs.statistics import Statistics
 
 
 class Mount:
@@ -270,3 +271,29 @@ def test_hostile_ids_stay_inside_the_mount(corpus: dict[str, str], tmp_path: Pat
         assert sorted(root) == [b"cuts", b"recordings", b"wav.scp"]
 
     trio.run(scenario)
+
+
+def test_the_profiler_times_each_phase_only_when_asked(shard_dir: str) -> None:
+    for profile in (False, True):
+        shards = ShardSet(shard_dir)
+        statistics = Statistics()
+        pool = DecodePool(shards, 0, statistics=statistics, profile=profile)
+        frames = FrameSource(
+            shards.recordings, BlockCache(64 << 20), pool, statistics if profile else None
+        )
+        index = [r.recording_id for r in shards.recordings].index("mp3_cbr_mono_16k")
+        trio.run(frames.frames, index, 16000, 48000)
+        trio.run(frames.frames, index, 16000, 48000)
+        phases = set(statistics.latencies)
+        if profile:
+            assert {
+                "phase.shard_slice",
+                "phase.open",
+                "phase.decode",
+                "phase.convert",
+                "frames.decoded",
+                "frames.cached",
+            } <= phases
+            assert statistics.latencies["phase.decode"].total_seconds > 0
+        else:
+            assert phases == {"decode"}

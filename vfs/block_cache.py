@@ -50,6 +50,10 @@ class BlockCache:
             self._hits += 1
         return block
 
+    def contains(self, key: BlockKey) -> bool:
+        """Whether the block is cached, without counting a hit or refreshing it."""
+        return key in self._blocks
+
     def put(self, key: BlockKey, block: Int16Array) -> None:
         """Keep ``block`` unless it alone exceeds the capacity."""
         if block.nbytes <= self._capacity_bytes:

@@ -149,6 +149,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="log here, or 'syslog' (default: stderr in the foreground, else syslog)",
     )
+    mount_parser.add_argument(
+        "--direct-io",
+        action="store_true",
+        help="bypass the kernel page cache for WAV files (for benchmarks; slower when warm)",
+    )
+    mount_parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="time every phase of the read path (shard slice, open and seek, decode, convert, "
+        "cached or decoded) into .cutfs/stats",
+    )
     mount_parser.add_argument("--debug", action="store_true", help="log at debug level")
     mount_parser.add_argument(
         "-o",
@@ -310,7 +321,8 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
                 raise ValueError("cutfs mounts are read-only: drop the 'rw' option")
             if key in _IGNORED_OPTIONS or key.startswith("x-"):
                 continue
-            if key in ("allow_other", "debug", "foreground") and not has_value:
+            flags = ("allow_other", "debug", "foreground", "direct_io", "profile")
+            if key in flags and not has_value:
                 setattr(args, key, True)
                 continue
             if key not in setters or not has_value:
@@ -336,6 +348,8 @@ def _mount(args: argparse.Namespace) -> int:
         read_timeout_seconds=args.read_timeout,
         allow_other=args.allow_other,
         ownership=Ownership(args.uid, args.gid, args.file_mode, args.dir_mode),
+        direct_io=args.direct_io,
+        profile=args.profile,
     )
     ready_fd: int | None = args.ready_fd
 

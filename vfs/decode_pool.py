@@ -66,11 +66,13 @@ class DecodePool:
         workers: int,
         deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
         statistics: Statistics | None = None,
+        profile: bool = False,
     ) -> None:
         self._shard_set = shard_set
         self._deadline_seconds = deadline_seconds
         self._statistics = statistics or Statistics()
-        self._workers = [_Worker(shard_set.directory) for _ in range(workers)]
+        self._profile = profile
+        self._workers = [_Worker(shard_set.directory, profile) for _ in range(workers)]
         self._idle = list(self._workers)
         self._available = trio.Semaphore(len(self._workers)) if workers else None
         self._threads = trio.CapacityLimiter(2)
@@ -121,13 +123,15 @@ class DecodePool:
         self._statistics.count("decodes")
         self._statistics.count("frames_decoded", trace.frames_decoded)
         self._statistics.count("storage_bytes_read", trace.bytes_read)
+        for phase, seconds in trace.phase_seconds.items():
+            self._statistics.observe(f"phase.{phase}", seconds)
         return frames
 
     async def _in_thread(self, request: tuple[int, int, int]) -> tuple[Int16Array, DecodeTrace]:
         async with self._threads:
             with trio.move_on_after(self._deadline_seconds):
                 return await trio.to_thread.run_sync(
-                    _decode, self._shard_set, request, abandon_on_cancel=True
+                    _decode, self._shard_set, request, self._profile, abandon_on_cancel=True
                 )
         raise DecodeDeadlineError(
             f"decoding frames [{request[1]}, {request[2]}) took longer than "
@@ -201,8 +205,9 @@ _READY = "ready"
 class _Worker:
     """One decoder process and the parent's end of its pipe."""
 
-    def __init__(self, shard_dir: str) -> None:
+    def __init__(self, shard_dir: str, profile: bool) -> None:
         self._shard_dir = shard_dir
+        self._profile = profile
         self._process: BaseProcess | None = None
         self._connection: Connection | None = None
         self._exited: list[BaseProcess] = []
@@ -221,7 +226,7 @@ class _Worker:
         parent_end, child_end = context.Pipe()
         self._process = context.Process(
             target=_worker_main,
-            args=(child_end, self._shard_dir),
+            args=(child_end, self._shard_dir, self._profile),
             daemon=True,
             name="cutfs-decoder",
         )
@@ -261,13 +266,15 @@ class _Worker:
                 self._exited.remove(process)
 
 
-def _decode(shard_set: ShardSet, request: tuple[int, int, int]) -> tuple[Int16Array, DecodeTrace]:
-    trace = DecodeTrace()
+def _decode(
+    shard_set: ShardSet, request: tuple[int, int, int], profile: bool
+) -> tuple[Int16Array, DecodeTrace]:
+    trace = DecodeTrace(profile=profile)
     frames = shard_set.read_frames(*request, trace=trace)
     return frames, trace
 
 
-def _worker_main(connection: Connection, shard_dir: str) -> None:
+def _worker_main(connection: Connection, shard_dir: str, profile: bool) -> None:
     """A decoder process: open the shards, then answer requests until the pipe closes.
 
     The first message says whether the shards opened (None, or the error).
@@ -287,7 +294,7 @@ def _worker_main(connection: Connection, shard_dir: str) -> None:
         except (EOFError, OSError):
             return
         try:
-            reply: Any = _decode(shard_set, request)
+            reply: Any = _decode(shard_set, request, profile)
         except CutfsError as exc:
             reply = exc
         connection.send(reply)

@@ -41,6 +41,9 @@ CONTROL_DIR: Final = ".cutfs"
 STATS_FILE: Final = "stats"
 CUTS_DIR: Final = "cuts"
 RECORDINGS_DIR: Final = "recordings"
+#: How far past a read a decode may go, within the file: a whole cut of up to a
+#: minute at 48 kHz, and the next stretch of a long recording read in order.
+_READAHEAD_FRAMES: Final = 48000 * 60
 _DIRECTORY_MODE: Final = stat.S_IFDIR | 0o555
 _FILE_MODE: Final = stat.S_IFREG | 0o444
 
@@ -197,7 +200,10 @@ class Filesystem:
         first, last = layout.frames_for_bytes(offset, size)
         if last > first:
             frames = await self._frames.frames(
-                source.recording_index, source.start_frame + first, source.start_frame + last
+                source.recording_index,
+                source.start_frame + first,
+                source.start_frame + last,
+                readahead_end=source.start_frame + min(layout.num_frames, last + _READAHEAD_FRAMES),
             )
             if source.channels:
                 frames = frames[:, list(source.channels)]

@@ -60,6 +60,10 @@ class MountOptions:
     read_timeout_seconds: float = DEFAULT_DEADLINE_SECONDS
     allow_other: bool = False
     ownership: Ownership = field(default_factory=Ownership)
+    #: Bypass the kernel page cache for WAV files (every read reaches the daemon).
+    direct_io: bool = False
+    #: Time the phases of every decode into .cutfs/stats.
+    profile: bool = False
     debug_fuse: bool = False
 
 
@@ -79,7 +83,9 @@ def serve(
         except ShardFormatError as exc:
             raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
         statistics = Statistics()
-        pool = DecodePool(shard_set, options.workers, options.read_timeout_seconds, statistics)
+        pool = DecodePool(
+            shard_set, options.workers, options.read_timeout_seconds, statistics, options.profile
+        )
         stack.callback(pool.close)
         try:
             pool.start()
@@ -99,9 +105,11 @@ def serve(
             )
             return (json.dumps(snapshot, indent=2) + "\n").encode()
 
-        frames = FrameSource(shard_set.recordings, cache, pool)
+        frames = FrameSource(
+            shard_set.recordings, cache, pool, statistics if options.profile else None
+        )
         filesystem = Filesystem(shard_set, frames, mountpoint, status)
-        operations = Operations(filesystem, options.ownership, statistics)
+        operations = Operations(filesystem, options.ownership, statistics, options.direct_io)
         fuse_options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
         fuse_options |= {"fsname=cutfs", "subtype=cutfs", "ro", "nosuid", "nodev"}
         if options.allow_other:

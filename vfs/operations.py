@@ -93,6 +93,7 @@ class Operations(pyfuse3.Operations):
         filesystem: Filesystem,
         ownership: Ownership | None = None,
         statistics: Statistics | None = None,
+        direct_io: bool = False,
     ) -> None:
         super().__init__()
         ownership = ownership or Ownership()
@@ -102,6 +103,7 @@ class Operations(pyfuse3.Operations):
         self._file_mode = ownership.file_mode & 0o7777
         self._dir_mode = ownership.dir_mode & 0o7777
         self._statistics = statistics or Statistics()
+        self._direct_io = direct_io
         self._time_ns = time.time_ns()
 
     @_errno_boundary
@@ -138,7 +140,7 @@ class Operations(pyfuse3.Operations):
         self._fs.check_open(inode, flags)
         if self._fs.getattr(inode).volatile:
             return pyfuse3.FileInfo(fh=inode, keep_cache=False, direct_io=True)
-        return pyfuse3.FileInfo(fh=inode, keep_cache=True, direct_io=False)
+        return pyfuse3.FileInfo(fh=inode, keep_cache=not self._direct_io, direct_io=self._direct_io)
 
     @_errno_boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
