@@ -20,14 +20,16 @@ from typing import Any
 
 import av
 import numpy as np
+import numpy.typing as npt
 import soundfile
 
 from codec.errors import CorruptDataError
 from codec.pcm import Int16Array, float_to_s16, int_to_s16, packed_to_s16, sample_bytes
-from codec.recording import DecodeMethod, FrameTiming, Recording
+from codec.recording import DecodeMethod, FrameTiming, Recording, pts_to_frames
 from codec.seek_index import SeekPoint
 
 _SIGNED_BITS = {"s16": 16, "s16p": 16, "s32": 32, "s32p": 32}
+_FLOAT_FORMATS = frozenset({"flt", "fltp"})
 
 
 @dataclass
@@ -163,6 +165,9 @@ def _decoded_frames(
     mark = time.perf_counter() if profile else 0.0
     point = recording.seek_index.point_at_or_before(first - recording.preroll_frames)
     output = np.empty((end - first, recording.channels), dtype=np.int16)
+    # Float samples are gathered as they come and converted once at the end:
+    # per-frame conversion costs more than decoding for small frames (MP3, Opus).
+    staging: npt.NDArray[np.float32] | None = None
     filled = first  # every frame before this position is in ``output``
     reader = _reader_at(blob, recording, point)
     with reader, av.open(reader, mode="r", format=recording.container_format) as container:
@@ -172,12 +177,13 @@ def _decoded_frames(
             pts = timeline_frames / (recording.time_base * recording.sample_rate)
             container.seek(int(pts), stream=stream, backward=True)
         counted = point.sample  # the position of the next frame, for COUNTED timing
+        scale = recording.pts_scale()
         if profile:
             mark = _phase(trace, "open", mark)
         for frame in container.decode(stream):
             if profile:
                 mark = _phase(trace, "decode", mark)
-            position = _frame_position(recording, point, frame.pts, counted)
+            position = _frame_position(recording, point, frame.pts, counted, scale)
             counted = position + frame.samples
             trace.frames_decoded += frame.samples
             trace.bytes_read = trace.bytes_read - reader.bytes_read_reported + reader.bytes_read
@@ -189,19 +195,53 @@ def _decoded_frames(
                     f"gap in decoded audio: frames [{filled}, {position}) missing",
                     where=recording.recording_id,
                 )
-            samples = frame_to_s16(frame)
             take_from = filled - position
             take = min(frame.samples - take_from, end - filled)
-            output[filled - first : filled - first + take] = samples[take_from : take_from + take]
+            if filled == first and frame.format.name in _FLOAT_FORMATS:
+                staging = np.empty(output.shape, dtype=np.float32)
+            _place(frame, take_from, take, output, staging, filled - first)
             filled += take
             if profile:
                 mark = _phase(trace, "convert", mark)
             if filled >= end:
+                if staging is not None:  # float decoders: one conversion for the whole range
+                    output[:] = float_to_s16(staging)
+                    if profile:
+                        _phase(trace, "convert", mark)
                 return output
     raise CorruptDataError(
         f"audio ends at frame {filled}, expected {recording.num_frames}",
         where=recording.recording_id,
     )
+
+
+def _place(
+    frame: Any,
+    take_from: int,
+    take: int,
+    output: Int16Array,
+    staging: npt.NDArray[np.float32] | None,
+    at: int,
+) -> None:
+    """Copy ``take`` frames from ``take_from`` on of a decoded frame to row ``at``.
+
+    Float samples go to ``staging`` (converted later), others are converted now.
+    """
+    if (staging is not None) != (frame.format.name in _FLOAT_FORMATS):
+        raise CorruptDataError(f"the sample format changed to {frame.format.name}")
+    if staging is not None:
+        # Views of the frame's own buffers: to_ndarray() would copy, and its
+        # fixed cost dominates for 20 ms frames.
+        channels = staging.shape[1]
+        if frame.format.is_planar:
+            for channel, plane in enumerate(frame.planes[:channels]):
+                plane_samples = np.frombuffer(plane, dtype=np.float32, count=frame.samples)
+                staging[at : at + take, channel] = plane_samples[take_from : take_from + take]
+        else:
+            flat = np.frombuffer(frame.planes[0], dtype=np.float32, count=frame.samples * channels)
+            staging[at : at + take] = flat.reshape(-1, channels)[take_from : take_from + take]
+        return
+    output[at : at + take] = frame_to_s16(frame)[take_from : take_from + take]
 
 
 def _phase(trace: DecodeTrace, phase: str, since: float) -> float:
@@ -210,14 +250,16 @@ def _phase(trace: DecodeTrace, phase: str, since: float) -> float:
     return now
 
 
-def _frame_position(recording: Recording, point: SeekPoint, pts: int | None, counted: int) -> int:
+def _frame_position(
+    recording: Recording, point: SeekPoint, pts: int | None, counted: int, scale: tuple[int, int]
+) -> int:
     if recording.timing is FrameTiming.COUNTED:
         return counted
     if pts is None:
         raise CorruptDataError("decoded frame without timestamp", where=recording.recording_id)
     if recording.timing is FrameTiming.RELATIVE:
-        return point.sample + round(pts * recording.time_base * recording.sample_rate)
-    return recording.position_of(pts)
+        return point.sample + pts_to_frames(pts, *scale)
+    return pts_to_frames(pts, *scale) - recording.timeline_origin
 
 
 def _reader_at(blob: memoryview, recording: Recording, point: SeekPoint) -> SpliceReader:

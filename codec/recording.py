@@ -79,9 +79,16 @@ class Recording:
     def duration_seconds(self) -> float:
         return self.num_frames / self.sample_rate
 
+    def pts_scale(self) -> tuple[int, int]:
+        """Frames per timestamp unit, as a fraction (numerator, denominator)."""
+        scale = self.time_base * self.sample_rate
+        return scale.numerator, scale.denominator
+
     def position_of(self, pts: int) -> int:
         """Sample position of a demuxer timestamp on the stream's timeline."""
-        timeline = pts * self.time_base * self.sample_rate
-        if timeline.denominator != 1:
-            timeline = Fraction(round(timeline))
-        return int(timeline) - self.timeline_origin
+        return pts_to_frames(pts, *self.pts_scale()) - self.timeline_origin
+
+
+def pts_to_frames(pts: int, numerator: int, denominator: int) -> int:
+    """``pts * numerator / denominator`` rounded half up, in integers (no Fraction per frame)."""
+    return (2 * pts * numerator + denominator) // (2 * denominator)

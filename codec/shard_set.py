@@ -15,7 +15,7 @@ import pyarrow as pa
 from codec.cut import Cut
 from codec.decoder import DecodeTrace, decode_frames
 from codec.errors import ShardFormatError
-from codec.pcm import Int16Array
+from codec.pcm import Int16Array, sample_bytes
 from codec.recording import DecodeMethod, FrameTiming, Recording
 from codec.seek_index import SeekIndex
 from codec.shard_format import (
@@ -58,7 +58,9 @@ class ShardSet:
         self.cut_recordings: npt.NDArray[np.int64] = _int_column(cuts, "recording")
         self.cut_start_frames: npt.NDArray[np.int64] = _int_column(cuts, "start_frame")
         self.cut_num_frames: npt.NDArray[np.int64] = _int_column(cuts, "num_frames")
-        self._cut_channels = cuts.column("channels")
+        channels = cuts.column("channels").combine_chunks()
+        self._channel_offsets = np.asarray(channels.offsets, dtype=np.int64)
+        self._channel_values = np.asarray(channels.flatten(), dtype=np.int64)
         self._cut_metadata = cuts.column("metadata")
         self._readers: dict[int, tuple[memoryview, Any]] = {}
         self._blobs: dict[int, tuple[int, int, int]] = {}
@@ -80,15 +82,21 @@ class ShardSet:
 
     def cut(self, index: int) -> Cut:
         """The cut at ``index`` of the cuts table."""
-        channels = self._cut_channels[index].as_py()
         return Cut(
             cut_id=self.cut_ids[index],
             recording_index=int(self.cut_recordings[index]),
             start_frame=int(self.cut_start_frames[index]),
             num_frames=int(self.cut_num_frames[index]),
-            channels=tuple(channels or ()),
+            channels=self.cut_channels(index),
             metadata_json=str(self._cut_metadata[index].as_py()),
         )
+
+    def cut_channels(self, index: int) -> tuple[int, ...]:
+        """The recording channels a cut carries; empty for all of them."""
+        start, end = self._channel_offsets[index], self._channel_offsets[index + 1]
+        if start == end:
+            return ()
+        return tuple(int(channel) for channel in self._channel_values[start:end])
 
     def blob(self, recording_index: int) -> memoryview:
         """The stored bytes of a recording, as a view of the mapped shard (no copy)."""
@@ -113,6 +121,7 @@ class ShardSet:
     ) -> Int16Array:
         """Frames ``[first, end)`` of the full decode of a recording."""
         recording = self.recordings[recording_index]
+        self._prefetch(recording_index, recording, first, end)
         if trace is not None and trace.profile:
             started = time.perf_counter()
             blob = self.blob(recording_index)
@@ -120,6 +129,25 @@ class ShardSet:
         else:
             blob = self.blob(recording_index)
         return decode_frames(blob, recording, first, end, trace)
+
+    def _prefetch(self, recording_index: int, recording: Recording, first: int, end: int) -> None:
+        """Ask storage for the bytes a decode of ``[first, end)`` will read, in one request.
+
+        The maps are advised MADV_RANDOM (no read-ahead on a fault), so without
+        this every 4 KiB page of the span would be a separate synchronous read.
+        """
+        name, start, stop = self.blob_location(recording_index)
+        if recording.method is DecodeMethod.PCM:
+            frame_bytes = sample_bytes(recording.pcm_format) * recording.channels
+            span_start = recording.header_bytes + first * frame_bytes
+            span_end = recording.header_bytes + end * frame_bytes
+        else:
+            index = recording.seek_index
+            span_start = index.point_at_or_before(first - recording.preroll_frames).byte_offset
+            after = index.first_point_after(end)
+            span_end = after.byte_offset if after is not None else stop - start
+            self.storage.prefetch(name, start, recording.header_bytes)
+        self.storage.prefetch(name, start + span_start, span_end - span_start)
 
     def _locate_blob(self, recording_index: int) -> tuple[int, int, int]:
         shard, batch_number, stored_bytes = self._blob_places[recording_index]

@@ -21,6 +21,10 @@ class Storage(Protocol):
         """The whole shard as a read-only buffer; slicing it must not copy."""
         ...
 
+    def prefetch(self, name: str, offset: int, length: int) -> None:
+        """Hint that ``[offset, offset + length)`` of a shard is about to be read."""
+        ...
+
     def close(self) -> None:
         """Release every buffer handed out; none may be used afterwards."""
         ...
@@ -48,6 +52,15 @@ class LocalStorage:
                 mapped.madvise(mmap.MADV_RANDOM)
             self._maps[name] = mapped
         return memoryview(mapped)
+
+    def prefetch(self, name: str, offset: int, length: int) -> None:
+        mapped = self._maps.get(name)
+        if mapped is None or length <= 0 or not hasattr(mmap, "MADV_WILLNEED"):
+            return
+        start = offset - offset % mmap.PAGESIZE
+        length = min(length + offset - start, len(mapped) - start)
+        if length > 0:
+            mapped.madvise(mmap.MADV_WILLNEED, start, length)
 
     def close(self) -> None:
         for mapped in self._maps.values():

@@ -153,8 +153,15 @@ class Filesystem:
             raise FsError(errno.ENOENT)
         if kind is NodeKind.DIRECTORY:
             raise FsError(errno.EISDIR)
-        if kind in (NodeKind.CUT, NodeKind.RECORDING):
-            self.wav_source(inode)  # fails with ENOENT for numbers past the tables
+        if kind is NodeKind.CUT and inode - CUT_INODE_BASE >= self._shards.num_cuts:
+            raise FsError(errno.ENOENT)
+        if kind is NodeKind.RECORDING and inode - RECORDING_INODE_BASE >= len(
+            self._shards.recordings
+        ):
+            raise FsError(errno.ENOENT)
+
+    def is_volatile(self, inode: int) -> bool:
+        return inode in self._volatile
 
     def check_directory(self, inode: int) -> None:
         self._directory(inode)
@@ -183,11 +190,13 @@ class Filesystem:
         index = inode - CUT_INODE_BASE
         if not 0 <= index < self._shards.num_cuts:
             raise FsError(errno.ENOENT)
-        cut = self._shards.cut(index)
-        recording = self._shards.recordings[cut.recording_index]
-        channels = len(cut.channels) or recording.channels
-        layout = WavLayout(recording.sample_rate, channels, cut.num_frames)
-        return WavSource(cut.recording_index, cut.start_frame, cut.channels, layout)
+        shards = self._shards
+        recording_index = int(shards.cut_recordings[index])
+        recording = shards.recordings[recording_index]
+        selected = shards.cut_channels(index)
+        frames = int(shards.cut_num_frames[index])
+        layout = WavLayout(recording.sample_rate, len(selected) or recording.channels, frames)
+        return WavSource(recording_index, int(shards.cut_start_frames[index]), selected, layout)
 
     async def _read_wav(self, source: WavSource, offset: int, size: int) -> bytes:
         layout = source.layout

@@ -138,7 +138,7 @@ class Operations(pyfuse3.Operations):
     @_errno_boundary
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         self._fs.check_open(inode, flags)
-        if self._fs.getattr(inode).volatile:
+        if self._fs.is_volatile(inode):
             return pyfuse3.FileInfo(fh=inode, keep_cache=False, direct_io=True)
         return pyfuse3.FileInfo(fh=inode, keep_cache=not self._direct_io, direct_io=self._direct_io)
 
