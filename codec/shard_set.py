@@ -20,6 +20,7 @@ from codec.recording import DecodeMethod, FrameTiming, Recording
 from codec.seek_index import SeekIndex
 from codec.shard_format import (
     CUTS_FILE,
+    CUTS_SCHEMA,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -37,7 +38,10 @@ class ShardSet:
     only the pages the decoder asks for.
     """
 
-    def __init__(self, directory: str, storage: Storage | None = None) -> None:
+    def __init__(
+        self, directory: str, storage: Storage | None = None, *, load_cuts: bool = True
+    ) -> None:
+        """Open a shard directory; ``load_cuts=False`` skips the cuts table (decoding only)."""
         self.directory = directory
         self.storage: Storage = storage or LocalStorage(directory)
         self.manifest = _read_manifest(directory)
@@ -53,7 +57,7 @@ class ShardSet:
         )
         self.recordings = [_recording_from_row(row) for row in recordings.to_pylist()]
         self.recording_sources: list[str] = recordings.column("source").to_pylist()
-        cuts = _read_table(directory, CUTS_FILE)
+        cuts = _read_table(directory, CUTS_FILE) if load_cuts else _empty_cuts()
         self.cut_ids: list[str] = cuts.column("cut_id").to_pylist()
         self.cut_recordings: npt.NDArray[np.int64] = _int_column(cuts, "recording")
         self.cut_start_frames: npt.NDArray[np.int64] = _int_column(cuts, "start_frame")
@@ -217,6 +221,10 @@ class ShardSet:
             )
         if len(set(self.cut_ids)) != len(self.cut_ids):
             raise ShardFormatError("cut ids are not unique", where=self.directory)
+
+
+def _empty_cuts() -> pa.Table:
+    return CUTS_SCHEMA.empty_table()
 
 
 def _read_manifest(directory: str) -> dict[str, Any]:

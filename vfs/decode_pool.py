@@ -83,9 +83,12 @@ class DecodePool:
         return self._deadline_seconds
 
     def start(self) -> None:
-        """Start the worker processes and wait until each has opened the shards."""
+        """Start the worker processes; they open the shards while the caller goes on."""
         for worker in self._workers:
             worker.start()
+
+    def wait_ready(self) -> None:
+        """Wait until every worker has opened the shards; raise what one failed with."""
         for worker in self._workers:
             worker.wait_ready(self._deadline_seconds)
 
@@ -283,7 +286,7 @@ def _worker_main(connection: Connection, shard_dir: str, profile: bool) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
     try:
-        shard_set = ShardSet(shard_dir)
+        shard_set = ShardSet(shard_dir, load_cuts=False)  # workers decode recordings only
     except CutfsError as exc:
         connection.send(exc)
         return

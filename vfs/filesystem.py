@@ -110,7 +110,6 @@ class Filesystem:
             self._volatile[self._table.add_text(control, STATS_FILE)] = status
         self._texts: dict[int, bytes] = {}
         self._listings: dict[int, list[tuple[bytes, int]]] = {}
-        self._link_counts: dict[int, int] = {}
 
     # -- metadata ---------------------------------------------------------------------------
 
@@ -128,7 +127,7 @@ class Filesystem:
     def getattr(self, inode: int) -> Attributes:
         kind = self._table.kind(inode)
         if kind is NodeKind.DIRECTORY:
-            return Attributes(inode, _DIRECTORY_MODE, 0, self._links(inode))
+            return Attributes(inode, _DIRECTORY_MODE, 0, 2 + self._directory(inode).subdirectories)
         if kind is NodeKind.TEXT:
             volatile = inode in self._volatile
             return Attributes(inode, _FILE_MODE, len(self._text(inode)), volatile=volatile)
@@ -228,16 +227,6 @@ class Filesystem:
         if directory is None:
             raise FsError(errno.ENOTDIR if self._table.kind(inode) else errno.ENOENT)
         return directory
-
-    def _links(self, inode: int) -> int:
-        """2 plus the number of subdirectories; counted once, the tree never changes."""
-        links = self._link_counts.get(inode)
-        if links is None:
-            children = self._directory(inode).children.values()
-            kinds = (self._table.kind(child) for child in children)
-            links = 2 + sum(1 for kind in kinds if kind is NodeKind.DIRECTORY)
-            self._link_counts[inode] = links
-        return links
 
     def _text(self, inode: int) -> bytes:
         volatile = self._volatile.get(inode)

@@ -36,6 +36,7 @@ class Directory:
     inode: int
     parent: int
     children: dict[bytes, int] = field(default_factory=dict)
+    subdirectories: int = 0
 
 
 class InodeTable:
@@ -76,6 +77,7 @@ class InodeTable:
             return directory
         directory = self._new_directory(parent.inode)
         parent.children[key] = directory.inode
+        parent.subdirectories += 1
         return directory
 
     def add_text(self, parent: Directory, name: str) -> int:

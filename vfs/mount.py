@@ -87,10 +87,7 @@ def serve(
             shard_set, options.workers, options.read_timeout_seconds, statistics, options.profile
         )
         stack.callback(pool.close)
-        try:
-            pool.start()
-        except CutfsError as exc:
-            raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
+        pool.start()  # the workers start while the tree is built
         cache = BlockCache(options.cache_bytes, options.block_frames)
 
         def status() -> bytes:
@@ -110,6 +107,10 @@ def serve(
         )
         filesystem = Filesystem(shard_set, frames, mountpoint, status)
         operations = Operations(filesystem, options.ownership, statistics, options.direct_io)
+        try:
+            pool.wait_ready()
+        except CutfsError as exc:
+            raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
         fuse_options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
         fuse_options |= {"fsname=cutfs", "subtype=cutfs", "ro", "nosuid", "nodev"}
         if options.allow_other:
