@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import random
 import signal
@@ -375,3 +376,17 @@ def _wait_until(condition: object, timeout: float = 60.0) -> None:
             pass
         time.sleep(0.05)
     raise AssertionError("timed out")
+
+
+def test_stats_count_requests_and_read_consistently(mount: str) -> None:
+    path = os.path.join(mount, ".cutfs", "stats")
+    with open(path, encoding="utf-8") as stats_file:
+        first = json.load(stats_file)
+    with open(cut_path(mount, "wav_s16_mono_16k/start"), "rb") as cut_file:
+        cut_file.read()
+    with open(path, "rb") as stats_file:  # many small reads of one snapshot
+        chunks = iter(lambda: stats_file.read(7), b"")
+        second = json.loads(b"".join(chunks))
+    assert second["counters"]["requests.open"] >= first["counters"]["requests.open"] + 2
+    assert second["counters"]["reads"] > first["counters"].get("reads", 0)
+    assert os.stat(path).st_size > 0

@@ -9,8 +9,9 @@ naming the recording, and any other exception is logged with its traceback
 and also becomes EIO.
 
 File handles are inode numbers: files are immutable and need no per-open
-state.  Entries and attributes are cached by the kernel for a day and file
-contents stay in the page cache across opens (``keep_cache``).
+state (``.cutfs/stats`` excepted: each open of it gets its own snapshot).
+Entries and attributes are cached by the kernel for a day and file contents
+stay in the page cache across opens (``keep_cache``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from vfs.statistics import Statistics
 log = logging.getLogger("cutfs.operations")
 
 CACHE_TIMEOUT_SECONDS = 86400.0
+#: File handles of open snapshots of volatile files; other handles are inode numbers.
+_SNAPSHOT_HANDLES = 1 << 60
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -60,9 +63,12 @@ class Ownership:
 def _errno_boundary(
     handler: Callable[_P, Coroutine[Any, Any, _R]],
 ) -> Callable[_P, Coroutine[Any, Any, _R]]:
+    name = f"requests.{handler.__name__}"
+
     @functools.wraps(handler)
     async def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         statistics: Statistics = args[0]._statistics  # type: ignore[attr-defined]
+        statistics.count(name)
         try:
             return await handler(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -104,6 +110,8 @@ class Operations(pyfuse3.Operations):
         self._dir_mode = ownership.dir_mode & 0o7777
         self._statistics = statistics or Statistics()
         self._direct_io = direct_io
+        self._snapshots: dict[int, bytes] = {}
+        self._next_snapshot = 0
         self._time_ns = time.time_ns()
 
     @_errno_boundary
@@ -139,11 +147,18 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         self._fs.check_open(inode, flags)
         if self._fs.is_volatile(inode):
-            return pyfuse3.FileInfo(fh=inode, keep_cache=False, direct_io=True)
+            # Each open reads one consistent snapshot, however many reads it takes.
+            self._next_snapshot += 1
+            fh = _SNAPSHOT_HANDLES + self._next_snapshot
+            self._snapshots[fh] = await self._fs.read(inode, 0, 1 << 30)
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
         return pyfuse3.FileInfo(fh=inode, keep_cache=not self._direct_io, direct_io=self._direct_io)
 
     @_errno_boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
+        snapshot = self._snapshots.get(fh)
+        if snapshot is not None:
+            return snapshot[off : off + size]
         started = time.perf_counter()
         data = await self._fs.read(fh, off, size)
         self._statistics.observe("read", time.perf_counter() - started)
@@ -153,7 +168,7 @@ class Operations(pyfuse3.Operations):
 
     @_errno_boundary
     async def release(self, fh: int) -> None:
-        return None
+        self._snapshots.pop(fh, None)
 
     @_errno_boundary
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
