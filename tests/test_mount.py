@@ -32,6 +32,7 @@ from conftest import (
 from corpus import wav_header
 
 from codec.cut import seconds_to_frames
+from vfs import kernel_tuning
 from vfs.path_escape import escape_id, unescape_path
 
 pytestmark = [pytest.mark.mount, needs_fuse]
@@ -388,5 +389,32 @@ def test_stats_count_requests_and_read_consistently(mount: str) -> None:
         chunks = iter(lambda: stats_file.read(7), b"")
         second = json.loads(b"".join(chunks))
     assert second["counters"]["requests.open"] >= first["counters"]["requests.open"] + 2
-    assert second["counters"]["reads"] > first["counters"].get("reads", 0)
+    assert second["counters"]["requests.release"] > first["counters"]["requests.release"]
     assert os.stat(path).st_size > 0
+
+
+def test_kernel_settings_are_applied_when_asked_and_reported(
+    shard_dir: str, tmp_path: Path
+) -> None:
+    with mounted(
+        shard_dir,
+        str(tmp_path / "mnt"),
+        "-o",
+        "read_ahead_kb=512,max_background=32",
+        "--workers",
+        "1",
+    ) as mount:
+        device = kernel_tuning.device_of(mount)
+        assert device is not None and device[0] == 0  # FUSE mounts have anonymous devices
+        kernel: dict[str, str] = {}
+        deadline = time.monotonic() + 20  # applied once the kernel's INIT exchange is over
+        while not kernel and time.monotonic() < deadline:
+            with open(os.path.join(mount, ".cutfs", "stats"), encoding="utf-8") as stats_file:
+                kernel = json.load(stats_file)["kernel"]
+            time.sleep(0.05)
+        assert set(kernel) == {"read_ahead_kb", "max_background"}
+        if os.geteuid() == 0:
+            assert kernel["read_ahead_kb"].startswith("set to 512")
+            bdi = f"/sys/class/bdi/{device[0]}:{device[1]}/read_ahead_kb"
+            assert Path(bdi).read_text().strip() == "512"
+        assert all(outcome.startswith(("set to", "not applied")) for outcome in kernel.values())

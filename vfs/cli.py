@@ -155,6 +155,18 @@ def _parser() -> argparse.ArgumentParser:
         help="bypass the kernel page cache for WAV files (for benchmarks; slower when warm)",
     )
     mount_parser.add_argument(
+        "--read-ahead-kb",
+        type=int,
+        metavar="KIB",
+        help="set the mount's read-ahead through sysfs after mounting (root only)",
+    )
+    mount_parser.add_argument(
+        "--max-background",
+        type=int,
+        metavar="N",
+        help="set the kernel's background FUSE requests through sysfs (root, fusectl mounted)",
+    )
+    mount_parser.add_argument(
         "--profile",
         action="store_true",
         help="time every phase of the read path (shard slice, open and seek, decode, convert, "
@@ -313,6 +325,8 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
         "file_mode": ("file_mode", _octal),
         "dir_mode": ("dir_mode", _octal),
         "log_file": ("log_file", str),
+        "read_ahead_kb": ("read_ahead_kb", int),
+        "max_background": ("max_background", int),
     }
     for group in args.options:
         for option in filter(None, (part.strip() for part in group.split(","))):
@@ -350,6 +364,8 @@ def _mount(args: argparse.Namespace) -> int:
         ownership=Ownership(args.uid, args.gid, args.file_mode, args.dir_mode),
         direct_io=args.direct_io,
         profile=args.profile,
+        read_ahead_kb=args.read_ahead_kb,
+        max_background=args.max_background,
     )
     ready_fd: int | None = args.ready_fd
 

@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
@@ -23,6 +23,7 @@ import trio
 
 from codec.errors import CutfsError, ShardFormatError
 from codec.shard_set import ShardSet
+from vfs import kernel_tuning
 from vfs.block_cache import DEFAULT_BLOCK_FRAMES, BlockCache
 from vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
 from vfs.filesystem import Filesystem
@@ -64,6 +65,9 @@ class MountOptions:
     direct_io: bool = False
     #: Time the phases of every decode into .cutfs/stats.
     profile: bool = False
+    #: Kernel settings to apply through sysfs after mounting (root only; None: leave).
+    read_ahead_kb: int | None = None
+    max_background: int | None = None
     debug_fuse: bool = False
 
 
@@ -89,11 +93,13 @@ def serve(
         stack.callback(pool.close)
         pool.start()  # the workers start while the tree is built
         cache = BlockCache(options.cache_bytes, options.block_frames)
+        kernel: dict[str, str] = {}
 
         def status() -> bytes:
             snapshot = statistics.snapshot(
                 cache=asdict(cache.statistics()),
                 workers=asdict(pool.statistics()),
+                kernel=kernel,
                 shards={
                     "directory": os.path.abspath(shard_dir),
                     "recordings": len(shard_set.recordings),
@@ -123,6 +129,16 @@ def serve(
             raise MountError(
                 f"cannot mount at {mountpoint}: {exc}", ExitCode.BAD_MOUNTPOINT
             ) from exc
+
+        async def tune_kernel() -> None:
+            # Only once the kernel's INIT exchange is over: its reply resets read-ahead.
+            await trio.to_thread.run_sync(os.statvfs, mountpoint)
+            kernel.update(
+                kernel_tuning.apply(mountpoint, options.read_ahead_kb, options.max_background)
+            )
+            for setting, outcome in kernel.items():
+                log.info("kernel setting %s: %s", setting, outcome)
+
         log.info(
             "mounted %s at %s: %d recordings, %d cuts",
             shard_dir,
@@ -131,16 +147,21 @@ def serve(
             shard_set.num_cuts,
         )
         try:
-            trio.run(_run, on_ready, pool)
+            trio.run(_run, on_ready, pool, tune_kernel)
         finally:
             pyfuse3.close(unmount=True)  # also on errors: never leave a stale mount
             log.info("unmounted %s", mountpoint)
 
 
-async def _run(on_ready: Callable[[], None], pool: DecodePool) -> None:
+async def _run(
+    on_ready: Callable[[], None],
+    pool: DecodePool,
+    tune_kernel: Callable[[], Awaitable[None]],
+) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal)
         nursery.start_soon(pool.watch)
+        nursery.start_soon(tune_kernel)
         on_ready()
         _notify_systemd("READY=1")
         await pyfuse3.main()
