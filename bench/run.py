@@ -505,16 +505,29 @@ def _throughput(setup: Setup, mounts: Mounts) -> list[dict[str, Any]]:
     }
     if mounts.ratarmount is not None:
         trees["ratarmount"] = mounts.ratarmount / "cuts"
+    second = mounts.root / "cutfs-second"
+    trees["cutfs, 2 mounts"] = mounts.cutfs / "cuts"
     context = get_context("fork")
     for system, tree in trees.items():
         if system.startswith("cutfs"):
             mounts.cutfs_restart(*(["--direct-io"] if "direct" in system else []))
-        paths = [str(tree / f"{cut.cut_id}.wav") for cut in cuts]
-        for path in paths:  # warm every cache
-            _read_file(Path(path))
+        # Readers of the two-mount case alternate between two daemons of the same shards.
+        trees_used = [tree]
+        if system == "cutfs, 2 mounts":
+            second.mkdir(exist_ok=True)
+            _unmount(second)
+            subprocess.run(
+                [*CUTFS, "mount", str(setup.shards), str(second)], check=True, cwd=REPOSITORY
+            )
+            trees_used.append(second / "cuts")
+        path_sets = [[str(t / f"{cut.cut_id}.wav") for cut in cuts] for t in trees_used]
+        for paths in path_sets:  # warm every cache
+            for path in paths:
+                _read_file(Path(path))
         for readers in (1, 2, 4, 8):
+            jobs = [(path_sets[n % len(path_sets)], 3.0, n) for n in range(readers)]
             with context.Pool(readers) as pool:
-                counts = pool.starmap(_reader_loop, [(paths, 3.0, n) for n in range(readers)])
+                counts = pool.starmap(_reader_loop, jobs)
             rows.append(
                 {"system": system, "readers": readers, "cuts_per_second": round(sum(counts) / 3.0)}
             )
@@ -523,6 +536,7 @@ def _throughput(setup: Setup, mounts: Mounts) -> list[dict[str, Any]]:
                 f"{rows[-1]['cuts_per_second']} cuts/s",
                 flush=True,
             )
+    _unmount(second)
     mounts.cutfs_restart()
     return rows
 
