@@ -447,8 +447,14 @@ def _summarise(
         "fault_schedule": [
             {"at_seconds": round(w[0] - started, 1), "fault": w[2]} for w in windows
         ],
-        "daemon_stats": json.loads((mountpoint / ".cutfs" / "stats").read_text()),
+        "daemon_stats": _without_paths(json.loads((mountpoint / ".cutfs" / "stats").read_text())),
     }
+
+
+def _without_paths(stats: dict[str, Any]) -> dict[str, Any]:
+    """The daemon's statistics without this run's temporary directory."""
+    stats.get("shards", {}).pop("directory", None)
+    return stats
 
 
 def _print_and_save(report: dict[str, Any], path: Path | None) -> None:
