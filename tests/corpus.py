@@ -113,6 +113,34 @@ def make_speech(path: str, seconds: float, rate: int, channels: int, seed: int =
     return path
 
 
+def synthesize(path: str, seconds: float, rate: int) -> str:
+    """A mono 16-bit WAV of a frequency sweep plus pink noise: no two seconds alike,
+    so a read shifted by even one sample cannot match.  Fast for hours of audio."""
+    subprocess.run(
+        [
+            "sox",
+            "-n",
+            "-r",
+            str(rate),
+            "-c",
+            "1",
+            "-b",
+            "16",
+            path,
+            "synth",
+            str(seconds),
+            "sine",
+            "200-3000",
+            "synth",
+            str(seconds),
+            "pinknoise",
+            "mix",
+        ],
+        check=True,
+    )
+    return path
+
+
 def _read_resampled(path: str, rate: int) -> np.ndarray:
     raw = subprocess.run(
         ["ffmpeg", "-v", "error", "-i", path, "-ac", "1", "-ar", str(rate), "-f", "f32le", "-"],

@@ -9,6 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 import trio
+from corpus import synthesize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,28 +43,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[bytes, Re
     """Four-second recordings of each codec, indexed."""
     directory = tmp_path_factory.mktemp("fuzz")
     source = directory / "source.wav"
-    subprocess.run(
-        [
-            "sox",
-            "-n",
-            "-r",
-            "16000",
-            "-c",
-            "1",
-            "-b",
-            "16",
-            str(source),
-            "synth",
-            "4",
-            "sine",
-            "300-2000",
-            "synth",
-            "4",
-            "pinknoise",
-            "mix",
-        ],
-        check=True,
-    )
+    synthesize(str(source), 4, 16000)
     indexed = {}
     for extension, arguments in FORMATS.items():
         path = directory / f"small.{extension}"

@@ -6,6 +6,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from corpus import synthesize
 
 from codec.decoder import DecodeTrace
 from codec.packer import pack
@@ -21,29 +22,7 @@ def long_shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[ShardSet, dic
     audio = directory / "audio"
     audio.mkdir()
     seconds = HOURS * 3600
-    # A chirp plus noise: every second differs, so a shifted read cannot match.
-    subprocess.run(
-        [
-            "sox",
-            "-n",
-            "-r",
-            str(RATE),
-            "-c",
-            "1",
-            "-b",
-            "16",
-            str(directory / "long.wav"),
-            "synth",
-            str(seconds),
-            "sine",
-            "200-3000",
-            "synth",
-            str(seconds),
-            "pinknoise",
-            "mix",
-        ],
-        check=True,
-    )
+    synthesize(str(directory / "long.wav"), seconds, RATE)
     paths = {
         "flac": str(audio / "two_hours_flac.flac"),
         "mp3": str(audio / "two_hours_mp3.mp3"),
