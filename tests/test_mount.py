@@ -291,16 +291,27 @@ def test_corrupt_data_fails_that_read_only(
     assert "ERROR" in log_text
 
 
-@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
-def test_signal_unmounts_cleanly(shard_dir: str, tmp_path: Path, signal_number: int) -> None:
-    mountpoint = str(tmp_path / "mnt")
+def _foreground_daemon(shard_dir: str, mountpoint: str, stderr: int) -> subprocess.Popen[bytes]:
+    """``cutfs mount --foreground`` as a child, returned once the mount answers."""
     os.mkdir(mountpoint)
     daemon = subprocess.Popen(
-        [*CUTFS, "mount", "--foreground", "--workers", "0", shard_dir, mountpoint],
-        stderr=subprocess.PIPE,
+        [*CUTFS, "mount", "--foreground", "--workers", "0", shard_dir, mountpoint], stderr=stderr
     )
     try:
         _wait_until(lambda: is_mounted(mountpoint) and bool(os.listdir(mountpoint)))
+    except BaseException:
+        daemon.kill()
+        daemon.wait()
+        unmount(mountpoint)
+        raise
+    return daemon
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+def test_signal_unmounts_cleanly(shard_dir: str, tmp_path: Path, signal_number: int) -> None:
+    mountpoint = str(tmp_path / "mnt")
+    daemon = _foreground_daemon(shard_dir, mountpoint, subprocess.PIPE)
+    try:
         daemon.send_signal(signal_number)
         _, stderr = daemon.communicate(timeout=30)
         assert daemon.returncode == 0, stderr
@@ -319,13 +330,8 @@ def test_a_killed_daemon_leaves_a_stale_mount_that_the_next_mount_clears(
     shard_dir: str, tmp_path: Path
 ) -> None:
     mountpoint = str(tmp_path / "mnt")
-    os.mkdir(mountpoint)
-    daemon = subprocess.Popen(
-        [*CUTFS, "mount", "--foreground", "--workers", "0", shard_dir, mountpoint],
-        stderr=subprocess.DEVNULL,
-    )
+    daemon = _foreground_daemon(shard_dir, mountpoint, subprocess.DEVNULL)
     try:
-        _wait_until(lambda: is_mounted(mountpoint) and bool(os.listdir(mountpoint)))
         daemon.kill()
         daemon.wait()
         with pytest.raises(OSError) as raised:
