@@ -104,21 +104,21 @@ class ShardSet:
 
     def blob(self, recording_index: int) -> memoryview:
         """The stored bytes of a recording, as a view of the mapped shard (no copy)."""
-        place = self._blobs.get(recording_index)
-        if place is None:
-            place = self._locate_blob(recording_index)
-            self._blobs[recording_index] = place
-        shard, start, end = place
+        shard, start, end = self._place(recording_index)
         return self._shard(shard)[0][start:end]
 
     def blob_location(self, recording_index: int) -> tuple[str, int, int]:
         """Where a recording's bytes are: the shard file name and the byte range in it."""
+        shard, start, end = self._place(recording_index)
+        return self._shard_names[shard], start, end
+
+    def _place(self, recording_index: int) -> tuple[int, int, int]:
+        """(shard number, start, end) of a recording's blob in its shard; located once."""
         place = self._blobs.get(recording_index)
         if place is None:
             place = self._locate_blob(recording_index)
             self._blobs[recording_index] = place
-        shard, start, end = place
-        return self._shard_names[shard], start, end
+        return place
 
     def read_frames(
         self, recording_index: int, first: int, end: int, trace: DecodeTrace | None = None
