@@ -50,6 +50,8 @@ class DecodeTrace:
     bytes_read: int = 0
     profile: bool = False
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    #: Things the caller should log once, such as audio that disagrees with its manifest.
+    notes: list[str] = field(default_factory=list)
 
     def add_phase(self, phase: str, seconds: float) -> None:
         self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds

@@ -45,3 +45,7 @@ class ShardFormatError(CutfsError):
 
 class CorruptDataError(CutfsError):
     """Stored audio could not be decoded into the samples promised for it."""
+
+
+class ManifestMismatchError(CutfsError):
+    """The audio disagrees with its manifest: rate, channels, or length beyond tolerance."""

@@ -15,6 +15,7 @@ import pyarrow as pa
 from codec.cut import Cut
 from codec.decoder import DecodeTrace, decode_frames
 from codec.errors import ShardFormatError
+from codec.library import AudioShape
 from codec.pcm import Int16Array, sample_bytes
 from codec.recording import DecodeMethod, FrameTiming, Recording
 from codec.seek_index import SeekIndex
@@ -55,7 +56,8 @@ class ShardSet:
                 strict=True,
             )
         )
-        self.recordings = [_recording_from_row(row) for row in recordings.to_pylist()]
+        self.recordings = [recording_from_row(row) for row in recordings.to_pylist()]
+        self._recording_ids = [recording.recording_id for recording in self.recordings]
         self.recording_sources: list[str] = recordings.column("source").to_pylist()
         cuts = _read_table(directory, CUTS_FILE) if load_cuts else _empty_cuts()
         self.cut_ids: list[str] = cuts.column("cut_id").to_pylist()
@@ -83,6 +85,38 @@ class ShardSet:
     @property
     def num_cuts(self) -> int:
         return len(self.cut_ids)
+
+    @property
+    def recording_ids(self) -> list[str]:
+        return self._recording_ids
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "directory": os.path.abspath(self.directory),
+            "recordings": len(self.recordings),
+            "cuts": self.num_cuts,
+        }
+
+    def shape(self, recording_index: int) -> AudioShape:
+        recording = self.recordings[recording_index]
+        return AudioShape(recording.sample_rate, recording.channels, recording.num_frames)
+
+    def frame_limit(self, recording_index: int) -> int:
+        return self.recordings[recording_index].num_frames
+
+    def index(self, recording_index: int) -> Recording:
+        """Plans were computed by ``pack``: nothing to do."""
+        return self.recordings[recording_index]
+
+    def adopt(self, recording_index: int, recording: Recording) -> None:
+        """Plans were computed by ``pack``: nothing to take."""
+
+    def cut_recording(self, index: int) -> int:
+        return int(self.cut_recordings[index])
+
+    def cut_metadata(self, index: int) -> dict[str, Any]:
+        metadata = json.loads(str(self._cut_metadata[index].as_py()))
+        return metadata if isinstance(metadata, dict) else {}
 
     def cut(self, index: int) -> Cut:
         """The cut at ``index`` of the cuts table."""
@@ -262,7 +296,7 @@ def _int_column(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
     return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
 
 
-def _recording_from_row(row: dict[str, Any]) -> Recording:
+def recording_from_row(row: dict[str, Any]) -> Recording:
     try:
         if row["sample_rate"] <= 0 or row["channels"] <= 0 or row["num_frames"] < 0:
             raise ValueError("sample rate, channels and length must be positive")

@@ -53,7 +53,7 @@ class ShardWriter:
         assert self._writer is not None
         self._writer.write_batch(_blob_batch(recording.recording_id, blob))
         self._rows.append(
-            _recording_row(recording, len(self._shards) - 1, self._shard_batches, len(blob), source)
+            recording_row(recording, len(self._shards) - 1, self._shard_batches, len(blob), source)
         )
         self._shard_bytes += len(blob)
         self._shard_batches += 1
@@ -122,7 +122,7 @@ def _blob_batch(recording_id: str, blob: memoryview) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array([recording_id]), blobs], schema=SHARD_SCHEMA)
 
 
-def _recording_row(
+def recording_row(
     recording: Recording, shard: int, batch: int, stored_bytes: int, source: str
 ) -> dict[str, Any]:
     return {

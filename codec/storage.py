@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+from collections import OrderedDict
 from typing import Protocol
 
 
@@ -38,11 +39,15 @@ class LocalStorage:
     would pull megabytes per cut from slow storage.
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, max_open_maps: int = 1024) -> None:
         self._directory = directory
-        self._maps: dict[str, mmap.mmap] = {}
+        self._max_open_maps = max_open_maps
+        self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
 
     def open_shard(self, name: str) -> memoryview:
+        """Map a file (names may be absolute); the least recently used maps beyond
+        ``max_open_maps`` are closed, so serving many small files in place stays
+        within the kernel's limit on maps per process."""
         mapped = self._maps.get(name)
         if mapped is None:
             path = os.path.join(self._directory, name)
@@ -51,6 +56,12 @@ class LocalStorage:
             if hasattr(mmap, "MADV_RANDOM"):
                 mapped.madvise(mmap.MADV_RANDOM)
             self._maps[name] = mapped
+            while len(self._maps) > self._max_open_maps:
+                _, oldest = self._maps.popitem(last=False)
+                with contextlib.suppress(BufferError):  # a live view keeps it until released
+                    oldest.close()
+        else:
+            self._maps.move_to_end(name)
         return memoryview(mapped)
 
     def prefetch(self, name: str, offset: int, length: int) -> None:

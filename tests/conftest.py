@@ -15,10 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from corpus import ENCODINGS, ffmpeg_decode, make_corpus
+from corpus import ENCODINGS, ffmpeg_decode, make_corpus, wav_header
 
+from codec.cut import seconds_to_frames
 from codec.packer import pack
 from codec.shard_set import ShardSet
+from vfs.path_escape import escape_id
 
 CORPUS_SECONDS = 30.0
 
@@ -182,6 +184,40 @@ def shard_dir(tmp_path_factory: pytest.TempPathFactory, lhotse_manifests: list[s
     output = str(tmp_path_factory.mktemp("packed") / "shards")
     pack(lhotse_manifests, output, jobs=2, max_shard_bytes=8 << 20)
     return output
+
+
+# -- what a cut file must hold ----------------------------------------------------------------
+
+
+def expected_cut(
+    cut: dict[str, object], references: dict[str, Reference]
+) -> tuple[np.ndarray, int]:
+    """The cut's samples cut out of ffmpeg's full decode, and its rate."""
+    name = next(name for name in references if recording_id(name) == cut["recording"])
+    reference = references[name]
+    first = seconds_to_frames(float(cut["start"]), reference.rate)  # type: ignore[arg-type]
+    count = seconds_to_frames(float(cut["duration"]), reference.rate)  # type: ignore[arg-type]
+    channel = int(cut.get("channel", 0))  # type: ignore[call-overload]
+    return reference.samples[first : first + count, channel : channel + 1], reference.rate
+
+
+def expected_file(cut: dict[str, object], references: dict[str, Reference]) -> bytes:
+    samples, rate = expected_cut(cut, references)
+    return wav_header(rate, 1, len(samples)) + samples.astype("<i2").tobytes()
+
+
+def cut_path(mount: str, cut_id: str) -> str:
+    return os.path.join(mount, "cuts", escape_id(cut_id))
+
+
+def close_enough(actual: bytes, expected: bytes, lossless: bool) -> bool:
+    if lossless or len(actual) != len(expected):
+        return actual == expected
+    if actual[:44] != expected[:44]:
+        return False
+    a = np.frombuffer(actual[44:], dtype="<i2").astype(np.int32)
+    b = np.frombuffer(expected[44:], dtype="<i2").astype(np.int32)
+    return bool(np.abs(a - b).max(initial=0) <= 1)
 
 
 # -- mounts ------------------------------------------------------------------------------------

@@ -116,15 +116,13 @@ class _Files:
 
     def __init__(self, shard_dir: str) -> None:
         self.shards = ShardSet(shard_dir)
-        frames = FrameSource(
-            self.shards.recordings, BlockCache(256 << 20), DecodePool(self.shards, 0)
-        )
+        frames = FrameSource(self.shards, BlockCache(256 << 20), DecodePool(self.shards, 0))
         self.fs = Filesystem(self.shards, frames, "/mnt")
         self.whole: dict[int, bytes] = {}
 
     def materialised(self, inode: int) -> bytes:
         if inode not in self.whole:
-            size = self.fs.getattr(inode).size_bytes
+            size = self.fs.listed_attributes(inode).size_bytes
             self.whole[inode] = trio.run(self.fs.read, inode, 0, size)
         return self.whole[inode]
 

@@ -21,8 +21,12 @@ from conftest import (
     CUTFS,
     ODD_IDS,
     Reference,
+    close_enough,
     copy_and_damage,
+    cut_path,
     cut_plan,
+    expected_cut,
+    expected_file,
     is_mounted,
     mounted,
     needs_fuse,
@@ -31,42 +35,10 @@ from conftest import (
 )
 from corpus import wav_header
 
-from codec.cut import seconds_to_frames
 from vfs import kernel_tuning
-from vfs.path_escape import escape_id, unescape_path
+from vfs.path_escape import unescape_path
 
 pytestmark = [pytest.mark.mount, needs_fuse]
-
-
-def expected_cut(
-    cut: dict[str, object], references: dict[str, Reference]
-) -> tuple[np.ndarray, int]:
-    """The cut's samples cut out of ffmpeg's full decode, and its rate."""
-    name = next(name for name in references if recording_id(name) == cut["recording"])
-    reference = references[name]
-    first = seconds_to_frames(float(cut["start"]), reference.rate)  # type: ignore[arg-type]
-    count = seconds_to_frames(float(cut["duration"]), reference.rate)  # type: ignore[arg-type]
-    channel = int(cut.get("channel", 0))  # type: ignore[call-overload]
-    return reference.samples[first : first + count, channel : channel + 1], reference.rate
-
-
-def expected_file(cut: dict[str, object], references: dict[str, Reference]) -> bytes:
-    samples, rate = expected_cut(cut, references)
-    return wav_header(rate, 1, len(samples)) + samples.astype("<i2").tobytes()
-
-
-def cut_path(mount: str, cut_id: str) -> str:
-    return os.path.join(mount, "cuts", escape_id(cut_id))
-
-
-def close_enough(actual: bytes, expected: bytes, lossless: bool) -> bool:
-    if lossless or len(actual) != len(expected):
-        return actual == expected
-    if actual[:44] != expected[:44]:
-        return False
-    a = np.frombuffer(actual[44:], dtype="<i2").astype(np.int32)
-    b = np.frombuffer(expected[44:], dtype="<i2").astype(np.int32)
-    return bool(np.abs(a - b).max(initial=0) <= 1)
 
 
 def test_layout(mount: str) -> None:

@@ -44,7 +44,7 @@ class Mount:
 
         self.shards.read_frames = counted_read_frames  # type: ignore[method-assign]
         self.cache = BlockCache(cache_bytes)
-        frames = FrameSource(self.shards.recordings, self.cache, DecodePool(self.shards, 0))
+        frames = FrameSource(self.shards, self.cache, DecodePool(self.shards, 0))
         self.ops = Operations(Filesystem(self.shards, frames, "/mnt/cutfs"))
 
     async def inode(self, path: str) -> int:
@@ -256,7 +256,7 @@ def test_hostile_ids_stay_inside_the_mount(corpus: dict[str, str], tmp_path: Pat
             assert len(name) <= 255
             attributes = await mount.ops.lookup(inode, name, None)
             assert attributes.st_ino == child
-            if fs.getattr(child).mode & 0o040000:
+            if fs.listed_attributes(child).mode & 0o040000:
                 found += await walk(child, depth + 1)
             else:
                 found.append(await mount.ops.read(child, 0, 44))
@@ -278,9 +278,7 @@ def test_the_profiler_times_each_phase_only_when_asked(shard_dir: str) -> None:
         shards = ShardSet(shard_dir)
         statistics = Statistics()
         pool = DecodePool(shards, 0, statistics=statistics, profile=profile)
-        frames = FrameSource(
-            shards.recordings, BlockCache(64 << 20), pool, statistics if profile else None
-        )
+        frames = FrameSource(shards, BlockCache(64 << 20), pool, statistics if profile else None)
         index = [r.recording_id for r in shards.recordings].index("mp3_cbr_mono_16k")
         trio.run(frames.frames, index, 16000, 48000)
         trio.run(frames.frames, index, 16000, 48000)

@@ -91,12 +91,15 @@ def _parser() -> argparse.ArgumentParser:
 
     mount_parser = commands.add_parser(
         "mount",
-        help="mount a shard directory",
-        description="Mount a shard directory read-only; returns once the mount is ready. "
-        "Also runs as 'cutfs SHARD_DIR MOUNTPOINT -o OPTIONS', the form mount(8) uses "
-        "for fstab entries of type fuse.cutfs.",
+        help="mount a shard directory, or serve a source in place",
+        description="Mount read-only; returns once the mount is ready. SOURCE is a shard "
+        "directory (from 'cutfs pack') or, served in place without packing: Lhotse "
+        "manifests, a Lhotse Shar directory, a Kaldi data directory, a HuggingFace dataset "
+        "(save_to_disk or Parquet), WebDataset tars, Arrow shards with a segment list, or a "
+        "directory of audio files. Also runs as 'cutfs SOURCE MOUNTPOINT -o OPTIONS', the "
+        "form mount(8) uses for fstab entries of type fuse.cutfs.",
     )
-    mount_parser.add_argument("shard_dir", metavar="SHARD_DIR")
+    mount_parser.add_argument("shard_dir", metavar="SOURCE")
     mount_parser.add_argument("mountpoint", metavar="MOUNTPOINT")
     mount_parser.add_argument(
         "-f", "--foreground", action="store_true", help="stay in the foreground, logging to stderr"
@@ -107,6 +110,13 @@ def _parser() -> argparse.ArgumentParser:
         default=512 << 20,
         metavar="BYTES",
         help="decoded-audio cache, e.g. 2G (default 512M)",
+    )
+    mount_parser.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="where indexes of sources served in place are kept, so that the next mount "
+        "starts at once (default: $CUTFS_CACHE_DIR, else /var/cache/cutfs for root, "
+        "~/.cache/cutfs for others)",
     )
     mount_parser.add_argument(
         "--workers",
@@ -180,7 +190,8 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="OPTIONS",
         help="mount(8)-style options: ro, allow_other, cache_size=4G, workers=N, "
-        "read_timeout=S, uid=N, gid=N, file_mode=0444, dir_mode=0555, log_file=PATH, debug",
+        "read_timeout=S, uid=N, gid=N, file_mode=0444, dir_mode=0555, log_file=PATH, "
+        "cache_dir=DIR, debug",
     )
     mount_parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     mount_parser.set_defaults(command="mount", run=_mount)
@@ -325,6 +336,7 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
         "file_mode": ("file_mode", _octal),
         "dir_mode": ("dir_mode", _octal),
         "log_file": ("log_file", str),
+        "cache_dir": ("cache_dir", str),
         "read_ahead_kb": ("read_ahead_kb", int),
         "max_background": ("max_background", int),
     }
@@ -366,6 +378,7 @@ def _mount(args: argparse.Namespace) -> int:
         profile=args.profile,
         read_ahead_kb=args.read_ahead_kb,
         max_background=args.max_background,
+        cache_dir=os.path.abspath(args.cache_dir) if args.cache_dir else None,
     )
     ready_fd: int | None = args.ready_fd
 

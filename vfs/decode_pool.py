@@ -1,8 +1,10 @@
 """Where decoding runs: off the event loop, in worker processes or threads, with a deadline.
 
 Decoding is CPU-bound and holds the GIL in PyAV, so by default it runs in
-worker processes, each of which opens the shard directory itself (the memory
-maps share the page cache).  Each worker is its own process with its own
+worker processes, each of which opens the library itself (the memory maps
+share the page cache).  Workers also compute the plans of recordings served
+in place (:meth:`DecodePool.index`), which can mean decoding a whole
+recording: those requests get a longer deadline.  Each worker is its own process with its own
 pipe, not a shared executor: when a worker crashes, hangs or is stuck on
 storage that stopped answering, only the request it held fails; the worker
 is killed and replaced, and every other request goes on.
@@ -32,13 +34,19 @@ import trio
 
 from codec.decoder import DecodeTrace
 from codec.errors import CutfsError
+from codec.library import Library, open_library
 from codec.pcm import Int16Array
-from codec.shard_set import ShardSet
+from codec.recording import Recording
 from vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.decode_pool")
 
 DEFAULT_DEADLINE_SECONDS = 30.0
+#: Indexing a recording decodes all of it: a 36-hour MP3 takes minutes.
+INDEX_DEADLINE_SECONDS = 1800.0
+
+#: ("frames", recording, first, end) or ("index", recording, 0, 0)
+_Request = tuple[str, int, int, int]
 
 
 class DecodeDeadlineError(CutfsError):
@@ -58,25 +66,26 @@ class PoolStatistics:
 
 
 class DecodePool:
-    """Decodes frame ranges of recordings of one shard directory."""
+    """Decodes frame ranges of the recordings of one library, and indexes them."""
 
     def __init__(
         self,
-        shard_set: ShardSet,
+        library: Library,
         workers: int,
         deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
         statistics: Statistics | None = None,
         profile: bool = False,
     ) -> None:
-        self._shard_set = shard_set
+        self._library = library
         self._deadline_seconds = deadline_seconds
         self._statistics = statistics or Statistics()
         self._profile = profile
-        self._workers = [_Worker(shard_set.directory, profile) for _ in range(workers)]
+        self._workers = [_Worker(library.directory, profile) for _ in range(workers)]
         self._idle = list(self._workers)
         self._available = trio.Semaphore(len(self._workers)) if workers else None
         self._threads = trio.CapacityLimiter(2)
         self._restarts = 0
+        self._notes: set[str] = set()
 
     @property
     def deadline_seconds(self) -> float:
@@ -117,39 +126,67 @@ class DecodePool:
         :class:`WorkerDiedError` when the worker dies.
         """
         started = time.perf_counter()
-        request = (recording_index, first, end)
-        if self._available is None:
-            frames, trace = await self._in_thread(request)
-        else:
-            frames, trace = await self._in_worker(request)
+        request = ("frames", recording_index, first, end)
+        answer, trace = await self._run(request, self._deadline_seconds)
+        frames: Int16Array = answer
         self._statistics.observe("decode", time.perf_counter() - started)
         self._statistics.count("decodes")
         self._statistics.count("frames_decoded", trace.frames_decoded)
         self._statistics.count("storage_bytes_read", trace.bytes_read)
         for phase, seconds in trace.phase_seconds.items():
             self._statistics.observe(f"phase.{phase}", seconds)
+        for note in trace.notes:
+            if note not in self._notes:  # each worker notes it once: log it once
+                self._notes.add(note)
+                self._statistics.count("manifest_mismatches")
+                log.warning("%s", note)
         return frames
 
-    async def _in_thread(self, request: tuple[int, int, int]) -> tuple[Int16Array, DecodeTrace]:
+    async def index(self, recording_index: int) -> Recording:
+        """The plan of a recording, computed by a worker (or read from the index cache).
+
+        The caller adopts it into its own library.  Raises what indexing
+        raises (:class:`codec.errors.SourceError`, ``CorruptDataError``), and
+        the pool's own errors past :data:`INDEX_DEADLINE_SECONDS`.
+        """
+        started = time.perf_counter()
+        request = ("index", recording_index, 0, 0)
+        deadline = max(self._deadline_seconds, INDEX_DEADLINE_SECONDS)
+        recording, _ = await self._run(request, deadline)
+        self._statistics.observe("index", time.perf_counter() - started)
+        self._statistics.count("recordings_indexed")
+        plan: Recording = recording
+        return plan
+
+    async def _run(self, request: _Request, deadline_seconds: float) -> tuple[Any, DecodeTrace]:
+        if self._available is None:
+            return await self._in_thread(request, deadline_seconds)
+        return await self._in_worker(request, deadline_seconds)
+
+    async def _in_thread(
+        self, request: _Request, deadline_seconds: float
+    ) -> tuple[Any, DecodeTrace]:
         async with self._threads:
-            with trio.move_on_after(self._deadline_seconds):
+            with trio.move_on_after(deadline_seconds):
                 return await trio.to_thread.run_sync(
-                    _decode, self._shard_set, request, self._profile, abandon_on_cancel=True
+                    _answer, self._library, request, self._profile, abandon_on_cancel=True
                 )
         raise DecodeDeadlineError(
-            f"decoding frames [{request[1]}, {request[2]}) took longer than "
-            f"{self._deadline_seconds:g} s (storage not answering?)",
+            f"{_describe(request)} took longer than {deadline_seconds:g} s "
+            "(storage not answering?)",
             where=self._recording_id(request),
         )
 
-    async def _in_worker(self, request: tuple[int, int, int]) -> tuple[Int16Array, DecodeTrace]:
+    async def _in_worker(
+        self, request: _Request, deadline_seconds: float
+    ) -> tuple[Any, DecodeTrace]:
         assert self._available is not None
         async with self._available:
             worker = self._idle.pop()
             try:
                 if not worker.alive():
                     self._replace(worker, "was found dead")
-                return await self._ask(worker, request)
+                return await self._ask(worker, request, deadline_seconds)
             except CutfsError:
                 raise
             except BaseException:
@@ -160,35 +197,34 @@ class DecodePool:
                 self._idle.append(worker)
 
     async def _ask(
-        self, worker: _Worker, request: tuple[int, int, int]
-    ) -> tuple[Int16Array, DecodeTrace]:
+        self, worker: _Worker, request: _Request, deadline_seconds: float
+    ) -> tuple[Any, DecodeTrace]:
         where = self._recording_id(request)
-        frames = f"frames [{request[1]}, {request[2]})"
+        frames = _describe(request)
         try:
             worker.connection().send(request)
         except OSError:
             self._replace(worker, "could not be reached")
             raise WorkerDiedError("the decoder worker died", where=where) from None
-        with trio.move_on_after(self._deadline_seconds):
+        with trio.move_on_after(deadline_seconds):
             while True:
                 await trio.lowlevel.wait_readable(worker.connection().fileno())
                 try:
                     reply = worker.connection().recv()
                 except (EOFError, OSError):
-                    self._replace(worker, f"died decoding {frames}")
+                    self._replace(worker, f"died {frames}")
                     raise WorkerDiedError(
-                        f"the decoder worker died decoding {frames}", where=where
+                        f"the decoder worker died {frames}", where=where
                     ) from None
                 if reply == _READY:
                     continue  # a replacement worker announcing itself
                 if isinstance(reply, BaseException):
                     raise reply
-                decoded: tuple[Int16Array, DecodeTrace] = reply
-                return decoded
-        self._replace(worker, f"missed the {self._deadline_seconds:g} s deadline")
+                answer: tuple[Any, DecodeTrace] = reply
+                return answer
+        self._replace(worker, f"missed the {deadline_seconds:g} s deadline")
         raise DecodeDeadlineError(
-            f"decoding frames [{request[1]}, {request[2]}) took longer than "
-            f"{self._deadline_seconds:g} s (storage not answering?)",
+            f"{frames} took longer than {deadline_seconds:g} s (storage not answering?)",
             where=where,
         )
 
@@ -198,8 +234,8 @@ class DecodePool:
         worker.stop()
         worker.start()
 
-    def _recording_id(self, request: tuple[int, int, int]) -> str:
-        return self._shard_set.recordings[request[0]].recording_id
+    def _recording_id(self, request: _Request) -> str:
+        return self._library.recording_ids[request[1]]
 
 
 _READY = "ready"
@@ -208,8 +244,8 @@ _READY = "ready"
 class _Worker:
     """One decoder process and the parent's end of its pipe."""
 
-    def __init__(self, shard_dir: str, profile: bool) -> None:
-        self._shard_dir = shard_dir
+    def __init__(self, library_dir: str, profile: bool) -> None:
+        self._library_dir = library_dir
         self._profile = profile
         self._process: BaseProcess | None = None
         self._connection: Connection | None = None
@@ -229,7 +265,7 @@ class _Worker:
         parent_end, child_end = context.Pipe()
         self._process = context.Process(
             target=_worker_main,
-            args=(child_end, self._shard_dir, self._profile),
+            args=(child_end, self._library_dir, self._profile),
             daemon=True,
             name="cutfs-decoder",
         )
@@ -240,7 +276,7 @@ class _Worker:
     def wait_ready(self, timeout_seconds: float) -> None:
         connection = self.connection()
         if not connection.poll(timeout_seconds):
-            raise CutfsError("a decoder worker did not start", where=self._shard_dir)
+            raise CutfsError("a decoder worker did not start", where=self._library_dir)
         ready = connection.recv()
         if isinstance(ready, BaseException):
             raise ready
@@ -269,24 +305,29 @@ class _Worker:
                 self._exited.remove(process)
 
 
-def _decode(
-    shard_set: ShardSet, request: tuple[int, int, int], profile: bool
-) -> tuple[Int16Array, DecodeTrace]:
+def _describe(request: _Request) -> str:
+    kind, _, first, end = request
+    return "indexing the recording" if kind == "index" else f"decoding frames [{first}, {end})"
+
+
+def _answer(library: Library, request: _Request, profile: bool) -> tuple[Any, DecodeTrace]:
+    kind, recording_index, first, end = request
     trace = DecodeTrace(profile=profile)
-    frames = shard_set.read_frames(*request, trace=trace)
-    return frames, trace
+    if kind == "index":
+        return library.index(recording_index), trace
+    return library.read_frames(recording_index, first, end, trace=trace), trace
 
 
-def _worker_main(connection: Connection, shard_dir: str, profile: bool) -> None:
-    """A decoder process: open the shards, then answer requests until the pipe closes.
+def _worker_main(connection: Connection, library_dir: str, profile: bool) -> None:
+    """A decoder process: open the library, then answer requests until the pipe closes.
 
-    The first message says whether the shards opened (None, or the error).
+    The first message says whether the library opened (ready, or the error).
     Decoding errors are sent back as exceptions; anything else ends the process,
     which the pool sees as a dead worker.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
     try:
-        shard_set = ShardSet(shard_dir, load_cuts=False)  # workers decode recordings only
+        library = open_library(library_dir)  # workers decode recordings only: no cuts
     except CutfsError as exc:
         connection.send(exc)
         return
@@ -297,7 +338,7 @@ def _worker_main(connection: Connection, shard_dir: str, profile: bool) -> None:
         except (EOFError, OSError):
             return
         try:
-            reply: Any = _decode(shard_set, request, profile)
+            reply: Any = _answer(library, request, profile)
         except CutfsError as exc:
             reply = exc
         connection.send(reply)

@@ -24,7 +24,7 @@ from typing import Final
 
 import numpy as np
 
-from codec.shard_set import ShardSet
+from codec.library import Library
 from codec.wav_layout import HEADER_BYTES, WavLayout
 from vfs.frame_source import FrameSource
 from vfs.inode_table import (
@@ -67,6 +67,9 @@ class Attributes:
     #: Content that changes while mounted (``.cutfs/stats``): the kernel must
     #: neither cache it nor trust its size.
     volatile: bool = False
+    #: A listing's stand-in for a file whose size is not known until its
+    #: recording is indexed: the kernel must ask again (lookup) before using it.
+    provisional: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,27 +83,27 @@ class WavSource:
 
 
 class Filesystem:
-    """Lookups, listings and reads of one mounted shard set."""
+    """Lookups, listings and reads of one mounted library (packed shards or in place)."""
 
     def __init__(
         self,
-        shard_set: ShardSet,
+        library: Library,
         frame_source: FrameSource,
         mountpoint: str,
         status: Callable[[], bytes] | None = None,
     ) -> None:
-        self._shards = shard_set
+        self._library = library
         self._frames = frame_source
         self._mountpoint = os.path.abspath(mountpoint)
         self._table = InodeTable()
         self._cut_paths = self._table.add_files(
             self._table.add_directory(self._table.root, CUTS_DIR),
-            shard_set.cut_ids,
+            library.cut_ids,
             CUT_INODE_BASE,
         )
         self._table.add_files(
             self._table.add_directory(self._table.root, RECORDINGS_DIR),
-            [recording.recording_id for recording in shard_set.recordings],
+            library.recording_ids,
             RECORDING_INODE_BASE,
         )
         self._wav_scp_inode = self._table.add_text(self._table.root, WAV_SCP)
@@ -113,18 +116,30 @@ class Filesystem:
 
     # -- metadata ---------------------------------------------------------------------------
 
-    def lookup(self, parent_inode: int, name: bytes) -> Attributes:
+    async def lookup(self, parent_inode: int, name: bytes) -> Attributes:
         directory = self._directory(parent_inode)
         if name == b".":
-            return self.getattr(parent_inode)
+            return await self.getattr(parent_inode)
         if name == b"..":
-            return self.getattr(directory.parent)
+            return await self.getattr(directory.parent)
         inode = directory.children.get(name)
         if inode is None:
             raise FsError(errno.ENOENT)
-        return self.getattr(inode)
+        return await self.getattr(inode)
 
-    def getattr(self, inode: int) -> Attributes:
+    async def getattr(self, inode: int) -> Attributes:
+        """A node's attributes; a WAV file's size may need its recording indexed first."""
+        kind = self._table.kind(inode)
+        if kind in (NodeKind.CUT, NodeKind.RECORDING):
+            source = await self.wav_source(inode)
+            return Attributes(inode, _FILE_MODE, source.layout.size_bytes)
+        return self.listed_attributes(inode)
+
+    def listed_attributes(self, inode: int) -> Attributes:
+        """Attributes for a directory listing, without indexing anything.
+
+        A WAV file whose size is not known yet is listed as ``provisional``.
+        """
         kind = self._table.kind(inode)
         if kind is NodeKind.DIRECTORY:
             return Attributes(inode, _DIRECTORY_MODE, 0, 2 + self._directory(inode).subdirectories)
@@ -132,7 +147,10 @@ class Filesystem:
             volatile = inode in self._volatile
             return Attributes(inode, _FILE_MODE, len(self._text(inode)), volatile=volatile)
         if kind in (NodeKind.CUT, NodeKind.RECORDING):
-            return Attributes(inode, _FILE_MODE, self.wav_source(inode).layout.size_bytes)
+            source = self._known_wav_source(inode)
+            if source is None:
+                return Attributes(inode, _FILE_MODE, 0, provisional=True)
+            return Attributes(inode, _FILE_MODE, source.layout.size_bytes)
         raise FsError(errno.ENOENT)
 
     def listing(self, inode: int) -> list[tuple[bytes, int]]:
@@ -152,10 +170,10 @@ class Filesystem:
             raise FsError(errno.ENOENT)
         if kind is NodeKind.DIRECTORY:
             raise FsError(errno.EISDIR)
-        if kind is NodeKind.CUT and inode - CUT_INODE_BASE >= self._shards.num_cuts:
+        if kind is NodeKind.CUT and inode - CUT_INODE_BASE >= self._library.num_cuts:
             raise FsError(errno.ENOENT)
         if kind is NodeKind.RECORDING and inode - RECORDING_INODE_BASE >= len(
-            self._shards.recordings
+            self._library.recording_ids
         ):
             raise FsError(errno.ENOENT)
 
@@ -176,26 +194,44 @@ class Filesystem:
             return self._text(inode)[offset : offset + size]
         if kind not in (NodeKind.CUT, NodeKind.RECORDING):
             raise FsError(errno.EISDIR if kind is NodeKind.DIRECTORY else errno.ENOENT)
-        return await self._read_wav(self.wav_source(inode), offset, size)
+        return await self._read_wav(await self.wav_source(inode), offset, size)
 
-    def wav_source(self, inode: int) -> WavSource:
+    async def wav_source(self, inode: int) -> WavSource:
+        """What a WAV file serves, indexing its recording first if the library must."""
+        source = self._known_wav_source(inode)
+        if source is None:
+            await self._frames.index(self._recording_of(inode))
+            source = self._known_wav_source(inode)
+            assert source is not None, "indexing did not make the shape known"
+        return source
+
+    def _recording_of(self, inode: int) -> int:
+        if inode >= RECORDING_INODE_BASE:
+            return inode - RECORDING_INODE_BASE
+        return self._library.cut_recording(inode - CUT_INODE_BASE)
+
+    def _known_wav_source(self, inode: int) -> WavSource | None:
+        library = self._library
         if inode >= RECORDING_INODE_BASE:
             index = inode - RECORDING_INODE_BASE
-            if index >= len(self._shards.recordings):
+            if index >= len(library.recording_ids):
                 raise FsError(errno.ENOENT)
-            recording = self._shards.recordings[index]
-            layout = WavLayout(recording.sample_rate, recording.channels, recording.num_frames)
+            shape = library.shape(index)
+            if shape is None:
+                return None
+            layout = WavLayout(shape.sample_rate, shape.channels, shape.num_frames)
             return WavSource(index, 0, (), layout)
         index = inode - CUT_INODE_BASE
-        if not 0 <= index < self._shards.num_cuts:
+        if not 0 <= index < library.num_cuts:
             raise FsError(errno.ENOENT)
-        shards = self._shards
-        recording_index = int(shards.cut_recordings[index])
-        recording = shards.recordings[recording_index]
-        selected = shards.cut_channels(index)
-        frames = int(shards.cut_num_frames[index])
-        layout = WavLayout(recording.sample_rate, len(selected) or recording.channels, frames)
-        return WavSource(recording_index, int(shards.cut_start_frames[index]), selected, layout)
+        cut = library.cut(index)
+        if cut is None:
+            return None
+        shape = library.shape(cut.recording_index)
+        assert shape is not None
+        channels = len(cut.channels) or shape.channels
+        layout = WavLayout(shape.sample_rate, channels, cut.num_frames)
+        return WavSource(cut.recording_index, cut.start_frame, cut.channels, layout)
 
     async def _read_wav(self, source: WavSource, offset: int, size: int) -> bytes:
         layout = source.layout
@@ -242,7 +278,7 @@ class Filesystem:
         base = os.path.join(self._mountpoint, CUTS_DIR)
         lines = [
             f"{_scp_key(cut_id)} {os.path.join(base, self._cut_paths[number])}\n"
-            for number, cut_id in enumerate(self._shards.cut_ids)
+            for number, cut_id in enumerate(self._library.cut_ids)
         ]
         return "".join(lines).encode("utf-8", "surrogateescape")
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import trio
 
+from codec.errors import ManifestMismatchError
+from codec.library import Library
 from codec.pcm import Int16Array
-from codec.recording import Recording
 from vfs.block_cache import BlockCache, BlockKey
 from vfs.decode_pool import DecodeDeadlineError, DecodePool
 from vfs.statistics import Statistics
@@ -29,16 +31,39 @@ class FrameSource:
 
     def __init__(
         self,
-        recordings: list[Recording],
+        library: Library,
         cache: BlockCache,
         pool: DecodePool,
         profile: Statistics | None = None,
     ) -> None:
         self._profile = profile
-        self._recordings = recordings
+        self._library = library
         self._cache = cache
         self._pool = pool
         self._in_flight: dict[BlockKey, trio.Event] = {}
+        self._indexing: dict[int, trio.Event] = {}
+
+    async def index(self, recording_index: int) -> None:
+        """Make the library know a recording's plan, having a worker compute it once.
+
+        Concurrent calls for the same recording wait for the first one; a
+        failure is not remembered, so a later call tries again.
+        """
+        while recording_index not in self._indexing:
+            if self._library.shape(recording_index) is not None:
+                return
+            done = trio.Event()
+            self._indexing[recording_index] = done
+            try:
+                plan = await self._pool.index(recording_index)
+                self._library.adopt(recording_index, plan)
+                return
+            finally:
+                del self._indexing[recording_index]
+                done.set()
+        await self._indexing[recording_index].wait()
+        if self._library.shape(recording_index) is None:
+            await self.index(recording_index)  # the first attempt failed: try ourselves
 
     async def frames(
         self, recording_index: int, first: int, end: int, readahead_end: int = 0
@@ -55,7 +80,10 @@ class FrameSource:
         """
         started = time.perf_counter() if self._profile is not None else 0.0
         decoded = False
-        recording = self._recordings[recording_index]
+        recording = _Span(
+            self._library.recording_ids[recording_index],
+            self._library.frame_limit(recording_index),
+        )
         block_frames = self._cache.block_frames
         numbers: Sequence[int] = range(first // block_frames, -(-end // block_frames))
         blocks: dict[int, Int16Array] = {}
@@ -86,10 +114,18 @@ class FrameSource:
             phase = "frames.decoded" if decoded else "frames.cached"
             self._profile.observe(phase, time.perf_counter() - started)
         if not blocks:
-            return np.zeros((0, recording.channels), dtype=np.int16)
+            shape = self._library.shape(recording_index)
+            return np.zeros((0, shape.channels if shape else 1), dtype=np.int16)
         joined = np.concatenate([blocks[n] for n in numbers])
         offset = numbers[0] * block_frames
-        return joined[first - offset : end - offset]
+        result = joined[first - offset : end - offset]
+        if len(result) < end - first:
+            raise ManifestMismatchError(
+                f"frames [{first}, {end}) were asked for, the audio ends at frame "
+                f"{offset + len(joined)}, before the length its manifest declares",
+                where=recording.recording_id,
+            )
+        return result
 
     def _collect(
         self, recording_index: int, numbers: Sequence[int], blocks: dict[int, Int16Array]
@@ -106,11 +142,11 @@ class FrameSource:
         return missing
 
     def _readahead(
-        self, recording_index: int, recording: Recording, last_missing: int, readahead_end: int
+        self, recording_index: int, recording: _Span, last_missing: int, readahead_end: int
     ) -> list[int]:
         """Blocks after ``last_missing`` worth decoding in the same pass."""
         block_frames = self._cache.block_frames
-        stop = min(readahead_end, recording.num_frames)
+        stop = min(readahead_end, recording.frame_limit)
         last = min(-(-stop // block_frames), last_missing + 1 + MAX_READAHEAD_BLOCKS)
         extra = []
         for number in range(last_missing + 1, last):
@@ -123,7 +159,7 @@ class FrameSource:
     async def _decode_runs(
         self,
         recording_index: int,
-        recording: Recording,
+        recording: _Span,
         missing: list[int],
         blocks: dict[int, Int16Array],
     ) -> None:
@@ -135,7 +171,7 @@ class FrameSource:
             try:
                 block_frames = self._cache.block_frames
                 first = run[0] * block_frames
-                end = min((run[-1] + 1) * block_frames, recording.num_frames)
+                end = min((run[-1] + 1) * block_frames, recording.frame_limit)
                 decoded = await self._pool.decode(recording_index, first, end)
                 for number in run:
                     block = decoded[(number - run[0]) * block_frames :][:block_frames].copy()
@@ -146,6 +182,14 @@ class FrameSource:
                     if self._in_flight.get(key) is done:
                         del self._in_flight[key]
                 done.set()
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """What decoding needs to know of a recording: its id (for errors) and where frames end."""
+
+    recording_id: str
+    frame_limit: int
 
 
 def _runs(numbers: list[int]) -> list[list[int]]:

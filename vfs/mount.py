@@ -21,8 +21,11 @@ from dataclasses import asdict, dataclass, field
 import pyfuse3
 import trio
 
-from codec.errors import CutfsError, ShardFormatError
+from codec.errors import CutfsError, ShardFormatError, SourceError
+from codec.library import Library
+from codec.shard_format import MANIFEST_FILE
 from codec.shard_set import ShardSet
+from codec.source_index import SourceIndex, default_cache_root, prepare_index
 from vfs import kernel_tuning
 from vfs.block_cache import DEFAULT_BLOCK_FRAMES, BlockCache
 from vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
@@ -40,7 +43,7 @@ class ExitCode:
     OK = 0
     ERROR = 1  # unexpected failure
     USAGE = 2  # bad command line
-    BAD_SHARDS = 3  # the shard directory is missing, of another version or inconsistent
+    BAD_SHARDS = 3  # the source (shards, manifests, dataset) is missing, unreadable or inconsistent
     BAD_MOUNTPOINT = 4  # the mountpoint is missing, not a directory, or mounting failed
     NO_FUSE = 5  # /dev/fuse or fusermount3 is missing
 
@@ -69,12 +72,33 @@ class MountOptions:
     read_ahead_kb: int | None = None
     max_background: int | None = None
     debug_fuse: bool = False
+    #: Where indexes of sources served in place are kept (None: the default).
+    cache_dir: str | None = None
+
+
+def open_source(source: str, cache_dir: str | None) -> Library:
+    """A shard directory, or any other source prepared for serving in place.
+
+    Raises :class:`MountError` with :attr:`ExitCode.BAD_SHARDS` when the source
+    cannot be read.
+    """
+    try:
+        library: Library
+        if os.path.isdir(source) and os.path.exists(os.path.join(source, MANIFEST_FILE)):
+            library = ShardSet(source)
+            return library
+        if not os.path.exists(source):
+            raise SourceError("no such file or directory", where=source)
+        directory = prepare_index(source, cache_dir or default_cache_root())
+        return SourceIndex(directory)
+    except (ShardFormatError, SourceError) as exc:
+        raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
 
 
 def serve(
     shard_dir: str, mountpoint: str, options: MountOptions, on_ready: Callable[[], None]
 ) -> None:
-    """Mount ``shard_dir`` at ``mountpoint`` and serve until unmounted.
+    """Mount ``shard_dir`` (or a source served in place) at ``mountpoint`` until unmounted.
 
     Raises :class:`MountError` for start-up failures.  ``on_ready`` is called
     once the mount answers requests.
@@ -82,13 +106,11 @@ def serve(
     mountpoint = os.path.abspath(mountpoint)
     _check_environment(mountpoint)
     with ExitStack() as stack:
-        try:
-            shard_set = stack.enter_context(ShardSet(shard_dir))
-        except ShardFormatError as exc:
-            raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
+        library = open_source(shard_dir, options.cache_dir)
+        stack.callback(library.close)
         statistics = Statistics()
         pool = DecodePool(
-            shard_set, options.workers, options.read_timeout_seconds, statistics, options.profile
+            library, options.workers, options.read_timeout_seconds, statistics, options.profile
         )
         stack.callback(pool.close)
         pool.start()  # the workers start while the tree is built
@@ -100,18 +122,12 @@ def serve(
                 cache=asdict(cache.statistics()),
                 workers=asdict(pool.statistics()),
                 kernel=kernel,
-                shards={
-                    "directory": os.path.abspath(shard_dir),
-                    "recordings": len(shard_set.recordings),
-                    "cuts": shard_set.num_cuts,
-                },
+                shards=library.describe(),
             )
             return (json.dumps(snapshot, indent=2) + "\n").encode()
 
-        frames = FrameSource(
-            shard_set.recordings, cache, pool, statistics if options.profile else None
-        )
-        filesystem = Filesystem(shard_set, frames, mountpoint, status)
+        frames = FrameSource(library, cache, pool, statistics if options.profile else None)
+        filesystem = Filesystem(library, frames, mountpoint, status)
         operations = Operations(filesystem, options.ownership, statistics, options.direct_io)
         try:
             pool.wait_ready()
@@ -143,8 +159,8 @@ def serve(
             "mounted %s at %s: %d recordings, %d cuts",
             shard_dir,
             mountpoint,
-            len(shard_set.recordings),
-            shard_set.num_cuts,
+            len(library.recording_ids),
+            library.num_cuts,
         )
         try:
             trio.run(_run, on_ready, pool, tune_kernel)

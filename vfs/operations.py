@@ -47,6 +47,9 @@ _ERROR_KINDS = {
     "ShardFormatError": "shard_format",
     "DecodeDeadlineError": "deadline",
     "WorkerDiedError": "worker_died",
+    "ManifestMismatchError": "manifest_mismatch",
+    "SourceError": "source",
+    "UnsupportedAudioError": "unsupported_audio",
 }
 
 
@@ -118,11 +121,11 @@ class Operations(pyfuse3.Operations):
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return self._entry(self._fs.lookup(parent_inode, name))
+        return self._entry(await self._fs.lookup(parent_inode, name))
 
     @_errno_boundary
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(self._fs.getattr(inode))
+        return self._entry(await self._fs.getattr(inode))
 
     @_errno_boundary
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
@@ -135,7 +138,7 @@ class Operations(pyfuse3.Operations):
         for position in range(start_id, len(entries)):
             name, inode = entries[position]
             if not pyfuse3.readdir_reply(
-                token, name, self._entry(self._fs.getattr(inode)), position + 1
+                token, name, self._entry(self._fs.listed_attributes(inode)), position + 1
             ):
                 break
 
@@ -183,8 +186,9 @@ class Operations(pyfuse3.Operations):
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = attributes.inode
         entry.generation = 0
-        entry.entry_timeout = CACHE_TIMEOUT_SECONDS
-        entry.attr_timeout = 0 if attributes.volatile else CACHE_TIMEOUT_SECONDS
+        entry.entry_timeout = 0 if attributes.provisional else CACHE_TIMEOUT_SECONDS
+        fresh = attributes.volatile or attributes.provisional
+        entry.attr_timeout = 0 if fresh else CACHE_TIMEOUT_SECONDS
         kind = stat.S_IFMT(attributes.mode)
         entry.st_mode = kind | (self._dir_mode if kind == stat.S_IFDIR else self._file_mode)
         entry.st_nlink = attributes.links

@@ -6,11 +6,11 @@ import os
 
 from codec.errors import SourceError
 from codec.sources.audio_dir import read_audio_dir
-from codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
+from codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
 from codec.sources.kaldi_dir import is_kaldi_dir, read_kaldi_dir
 from codec.sources.lhotse_manifest import find_manifests, is_lhotse_manifest, read_lhotse
 
-__all__ = ["SourceCatalogue", "SourceCut", "SourceRecording", "read_source"]
+__all__ = ["DeclaredAudio", "SourceCatalogue", "SourceCut", "SourceRecording", "read_source"]
 
 
 def read_source(paths: list[str]) -> SourceCatalogue:

@@ -56,6 +56,11 @@ def read_audio_dir(directory: str) -> SourceCatalogue:
                 SourceRecording(recording_id, path=os.path.abspath(path), described_in=path)
             )
             cuts.append(SourceCut(recording_id, recording_id, described_in=path))
+    if not recordings:
+        raise SourceError(
+            "not a shard directory, and no manifests, datasets or audio files were found in it",
+            where=directory,
+        )
     catalogue = SourceCatalogue(recordings, cuts, f"audio directory {directory}")
     catalogue.check()
     return catalogue

@@ -9,18 +9,38 @@ from codec.errors import SourceError
 
 
 @dataclass(frozen=True, slots=True)
+class DeclaredAudio:
+    """What a manifest says about a recording's audio, before anyone decodes it."""
+
+    sample_rate: int
+    channels: int
+    num_frames: int
+
+
+@dataclass(frozen=True, slots=True)
 class SourceRecording:
-    """A recording to pack: a file, or a shell command whose output is the file."""
+    """A recording: a file, bytes inside a file (a tar member, an Arrow blob), or a
+    shell command whose output is the file.
+
+    ``length_bytes`` of ``None`` means up to the end of the file.
+    """
 
     recording_id: str
     path: str | None = None
     command: str | None = None
     described_in: str = ""
+    offset_bytes: int = 0
+    length_bytes: int | None = None
+    declared: DeclaredAudio | None = None
 
     @property
     def origin(self) -> str:
         """The file or command, as a user would recognise it."""
-        return self.path if self.path is not None else f"{self.command} |"
+        if self.path is None:
+            return f"{self.command} |"
+        if self.offset_bytes or self.length_bytes is not None:
+            return f"{self.path} (bytes from {self.offset_bytes}, {self.length_bytes} long)"
+        return self.path
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from codec.errors import SourceError
-from codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
+from codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
 
 _SUPERVISION_FIELDS = ("speaker", "text", "language", "gender")
 
@@ -102,10 +102,15 @@ def _add_recording(
     location = source.get("source")
     if not isinstance(location, str):
         raise SourceError(f"recording {recording_id!r} has no source location", where=where)
+    declared = _declared(item, where)
     if kind == "file":
-        recording = SourceRecording(recording_id, path=_resolve(location, base), described_in=where)
+        recording = SourceRecording(
+            recording_id, path=_resolve(location, base), described_in=where, declared=declared
+        )
     elif kind == "command":
-        recording = SourceRecording(recording_id, command=location, described_in=where)
+        recording = SourceRecording(
+            recording_id, command=location, described_in=where, declared=declared
+        )
     else:
         raise SourceError(
             f"recording {recording_id!r}: source type {kind!r} is not supported "
@@ -154,6 +159,21 @@ def _cut(
         metadata=metadata,
         described_in=where,
     )
+
+
+def _declared(item: dict[str, Any], where: str) -> DeclaredAudio | None:
+    """The rate, channels and length a recording manifest declares, if it declares them all."""
+    rate, frames, channel_ids = (
+        item.get("sampling_rate"),
+        item.get("num_samples"),
+        item.get("channel_ids"),
+    )
+    if rate is None or frames is None:
+        return None
+    if not isinstance(rate, int) or not isinstance(frames, int) or rate <= 0 or frames < 0:
+        raise SourceError("'sampling_rate' and 'num_samples' must be whole numbers", where=where)
+    channels = len(channel_ids) if isinstance(channel_ids, list) and channel_ids else 1
+    return DeclaredAudio(rate, channels, frames)
 
 
 def _supervision_cut(item: dict[str, Any], where: str) -> SourceCut:

@@ -1,0 +1,102 @@
+"""What the filesystem serves from: recordings and cuts, packed or in place.
+
+Two kinds of library exist.  A :class:`codec.shard_set.ShardSet` is the output
+of ``cutfs pack``: every recording was indexed ahead, so everything is known
+at open.  A :class:`codec.source_index.SourceIndex` serves audio files where
+they are (Lhotse manifests, Kaldi directories, tars, Arrow and Parquet
+datasets); it indexes a recording the first time it is needed and keeps the
+result in an on-disk cache.  The filesystem talks to both through
+:class:`Library`, and asks for :meth:`Library.index` (slow: it may decode a
+whole recording) in a decoder worker, never on its event loop.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from codec.cut import Cut
+from codec.decoder import DecodeTrace
+from codec.pcm import Int16Array
+from codec.recording import Recording
+
+
+@dataclass(frozen=True, slots=True)
+class AudioShape:
+    """What a recording's WAV file needs before any decoding: rate, channels, length."""
+
+    sample_rate: int
+    channels: int
+    num_frames: int
+
+
+class Library(Protocol):
+    """Recordings and cuts the filesystem serves; see the module docstring."""
+
+    #: What a decoder process passes to :func:`open_library` to open the same library.
+    directory: str
+
+    @property
+    def recording_ids(self) -> Sequence[str]: ...
+
+    @property
+    def cut_ids(self) -> Sequence[str]: ...
+
+    @property
+    def num_cuts(self) -> int: ...
+
+    def describe(self) -> dict[str, Any]:
+        """What ``.cutfs/stats`` shows about the library."""
+        ...
+
+    def shape(self, recording_index: int) -> AudioShape | None:
+        """The recording's WAV shape, or ``None`` until :meth:`index` has run for it."""
+        ...
+
+    def frame_limit(self, recording_index: int) -> int:
+        """No decode asks for frames at or past this (the length plus any tolerance)."""
+        ...
+
+    def cut(self, index: int) -> Cut | None:
+        """The cut at ``index``, or ``None`` until its recording's shape is known.
+
+        Raises :class:`codec.errors.DurationMismatchError` when the cut cannot
+        be served from its recording (it ends after the audio, beyond tolerance).
+        """
+        ...
+
+    def cut_recording(self, index: int) -> int:
+        """The recording a cut is of (known without indexing)."""
+        ...
+
+    def cut_metadata(self, index: int) -> dict[str, Any]:
+        """What the source said about a cut besides its time range (text, speaker, ...)."""
+        ...
+
+    def index(self, recording_index: int) -> Recording:
+        """The decoding plan of a recording, computed on first use (slow) and cached."""
+        ...
+
+    def adopt(self, recording_index: int, recording: Recording) -> None:
+        """Take a plan that :meth:`index` computed in another process."""
+        ...
+
+    def read_frames(
+        self, recording_index: int, first: int, end: int, trace: DecodeTrace | None = None
+    ) -> Int16Array:
+        """Frames ``[first, end)`` of a recording; fewer only where the audio ends early."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_library(directory: str) -> Library:
+    """Open a shard directory or a source index directory, whichever ``directory`` is."""
+    from codec.shard_set import ShardSet  # noqa: PLC0415 - the two import this module
+    from codec.source_index import INDEX_FILE, SourceIndex  # noqa: PLC0415
+
+    if os.path.exists(os.path.join(directory, INDEX_FILE)):
+        return SourceIndex(directory, load_cuts=False)
+    return ShardSet(directory, load_cuts=False)

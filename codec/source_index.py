@@ -1,0 +1,588 @@
+"""Serving audio where it lies, without packing: a catalogue plus plans made on first use.
+
+``cutfs mount SOURCE`` on anything but a shard directory reads the source's
+catalogue (recordings and cuts: Lhotse manifests, a Kaldi directory, tars,
+Arrow or Parquet datasets; see :mod:`codec.sources`) and writes it into an
+index directory under a cache root, named after the source's path::
+
+    <cache root>/<key>/source-index.json   format, version, the source and its stamp
+    <cache root>/<key>/recordings.arrow    where each recording's bytes are, what
+                                           its manifest declares
+    <cache root>/<key>/cuts.arrow          cuts in seconds, as the source gives them
+    <cache root>/<key>/plans/<hash>.arrow  a recording's decoding plan, once computed
+
+The stamp covers the names, sizes and modification times of the source's
+files; a second mount with an unchanged stamp reuses the catalogue without
+reading the source.  A plan (exact length, seek index, checked decoding
+method: what ``pack`` computes ahead) is computed the first time a recording
+is needed and kept under a name hashed from the audio bytes' identity (file,
+byte range, size, modification time), so it survives changes to manifests
+and is recomputed when the audio changes.  Plans are written to a temporary
+name and renamed, so processes indexing the same recording at once are safe.
+
+Manifests that declare a recording's rate, channels and length (Lhotse) give
+file sizes without decoding anything.  When the audio disagrees, Lhotse's
+rule applies (``LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE``, 0.025 s): a
+recording up to that much shorter is padded by reflecting its last frames, as
+Lhotse pads what it loads; longer audio is cut at the declared length; frames
+beyond the tolerance fail with :class:`codec.errors.ManifestMismatchError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from codec.cut import Cut, seconds_to_frames
+from codec.decoder import DecodeTrace, decode_frames
+from codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
+from codec.library import AudioShape
+from codec.pcm import Int16Array
+from codec.recording import Recording
+from codec.recording_indexer import index_recording
+from codec.shard_format import RECORDINGS_SCHEMA
+from codec.shard_set import recording_from_row
+from codec.shard_writer import recording_row
+from codec.sources import SourceCatalogue, read_source
+from codec.storage import LocalStorage, Storage
+
+INDEX_FILE: Final = "source-index.json"
+INDEX_FORMAT: Final = "cutfs-source-index"
+#: Bumped when plans or tables change meaning: older index directories are rebuilt.
+INDEX_VERSION: Final = 1
+_RECORDINGS: Final = "recordings.arrow"
+_CUTS: Final = "cuts.arrow"
+_PLANS: Final = "plans"
+#: Lhotse's default for LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE.
+DURATION_TOLERANCE_SECONDS: Final = 0.025
+
+_CATALOGUE_RECORDINGS: Final = pa.schema(
+    [
+        ("recording_id", pa.string()),
+        ("path", pa.string()),
+        ("command", pa.string()),
+        ("offset_bytes", pa.int64()),
+        ("length_bytes", pa.int64()),  # -1: to the end of the file
+        ("declared_rate", pa.int32()),  # 0: not declared
+        ("declared_channels", pa.int32()),
+        ("declared_frames", pa.int64()),
+        ("described_in", pa.string()),
+    ]
+)
+_CATALOGUE_CUTS: Final = pa.schema(
+    [
+        ("cut_id", pa.string()),
+        ("recording", pa.int32()),
+        ("start_seconds", pa.float64()),
+        ("duration_seconds", pa.float64()),  # NaN: to the end of the recording
+        ("channels", pa.list_(pa.int16())),  # empty: all
+        ("metadata", pa.string()),
+    ]
+)
+_PLAN_SCHEMA: Final = RECORDINGS_SCHEMA.append(pa.field("blob_offset", pa.int64()))
+
+
+def default_cache_root() -> str:
+    """Where index directories go unless told: ``$CUTFS_CACHE_DIR``, else per user or system."""
+    explicit = os.environ.get("CUTFS_CACHE_DIR")
+    if explicit:
+        return explicit
+    if os.geteuid() == 0:
+        return "/var/cache/cutfs"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "cutfs")
+
+
+def prepare_index(source: str, cache_root: str) -> str:
+    """The index directory for ``source``, written or rewritten if the source changed.
+
+    Raises :class:`codec.errors.SourceError` for unreadable input or a cache
+    root that cannot be written.
+    """
+    source = os.path.abspath(source)
+    key = hashlib.sha256(source.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    directory = os.path.join(cache_root, key)
+    stamp = _stamp(source)
+    current = _read_index_file(directory)
+    if (
+        current is not None
+        and current.get("version") == INDEX_VERSION
+        and current.get("stamp") == stamp
+    ):
+        return directory
+    catalogue = read_source([source])
+    try:
+        os.makedirs(os.path.join(directory, _PLANS), exist_ok=True)
+        _write_table(os.path.join(directory, _RECORDINGS), _recordings_table(catalogue))
+        _write_table(os.path.join(directory, _CUTS), _cuts_table(catalogue))
+        info = {
+            "format": INDEX_FORMAT,
+            "version": INDEX_VERSION,
+            "source": source,
+            "kind": catalogue.kind,
+            "stamp": stamp,
+        }
+        _write_atomically(os.path.join(directory, INDEX_FILE), json.dumps(info).encode())
+    except OSError as exc:
+        raise SourceError(
+            f"cannot write the index cache: {exc.strerror} (choose another with --cache-dir)",
+            where=directory,
+        ) from exc
+    return directory
+
+
+class SourceIndex:
+    """An index directory opened for serving (see the module docstring)."""
+
+    def __init__(
+        self, directory: str, storage: Storage | None = None, *, load_cuts: bool = True
+    ) -> None:
+        self.directory = directory
+        info = _read_index_file(directory)
+        if info is None or info.get("version") != INDEX_VERSION:
+            raise ShardFormatError("not a current cutfs source index", where=directory)
+        self.info = info
+        self.storage: Storage = storage or LocalStorage("/")
+        recordings = _read_table(os.path.join(directory, _RECORDINGS))
+        self._recording_ids: list[str] = recordings.column("recording_id").to_pylist()
+        self._paths: list[str | None] = recordings.column("path").to_pylist()
+        self._commands: list[str | None] = recordings.column("command").to_pylist()
+        self._offsets = _ints(recordings, "offset_bytes")
+        self._lengths = _ints(recordings, "length_bytes")
+        self._declared_rates = _ints(recordings, "declared_rate")
+        self._declared_channels = _ints(recordings, "declared_channels")
+        self._declared_frames = _ints(recordings, "declared_frames")
+        self._described_in: list[str] = recordings.column("described_in").to_pylist()
+        cuts = _read_table(os.path.join(directory, _CUTS)) if load_cuts else None
+        cuts = cuts if cuts is not None else _CATALOGUE_CUTS.empty_table()
+        self._cut_ids: list[str] = cuts.column("cut_id").to_pylist()
+        self._cut_recordings = _ints(cuts, "recording")
+        self._cut_starts = np.asarray(cuts.column("start_seconds").to_numpy(), dtype=np.float64)
+        self._cut_durations = np.asarray(
+            cuts.column("duration_seconds").to_numpy(), dtype=np.float64
+        )
+        channels = cuts.column("channels").combine_chunks()
+        self._channel_offsets = np.asarray(channels.offsets, dtype=np.int64)
+        self._channel_values = np.asarray(channels.flatten(), dtype=np.int64)
+        self._cut_metadata = cuts.column("metadata")
+        self._plans: dict[int, Recording] = {}
+        self._blobs: dict[int, tuple[str, int, int]] = {}
+        self._cuts: dict[int, Cut] = {}
+        #: Recordings whose audio disagrees with their manifest: id -> what differs.
+        self.mismatches: dict[str, str] = {}
+        if len(self._cut_recordings) and (
+            self._cut_recordings.min() < 0 or self._cut_recordings.max() >= len(self._paths)
+        ):
+            raise ShardFormatError(
+                "a cut refers to a recording that does not exist", where=directory
+            )
+
+    def close(self) -> None:
+        self.storage.close()
+
+    def __enter__(self) -> SourceIndex:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- catalogue --------------------------------------------------------------------------
+
+    @property
+    def recording_ids(self) -> Sequence[str]:
+        return self._recording_ids
+
+    @property
+    def cut_ids(self) -> Sequence[str]:
+        return self._cut_ids
+
+    @property
+    def num_cuts(self) -> int:
+        return len(self._cut_ids)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "source": self.info.get("source"),
+            "kind": self.info.get("kind"),
+            "index_directory": self.directory,
+            "recordings": len(self._recording_ids),
+            "recordings_indexed": len(self._plans),
+            "cuts": self.num_cuts,
+            "manifest_mismatches": len(self.mismatches),
+        }
+
+    def cut_recording(self, index: int) -> int:
+        return int(self._cut_recordings[index])
+
+    def cut_metadata(self, index: int) -> dict[str, Any]:
+        metadata = json.loads(str(self._cut_metadata[index].as_py()))
+        return metadata if isinstance(metadata, dict) else {}
+
+    def declared(self, recording_index: int) -> AudioShape | None:
+        rate = int(self._declared_rates[recording_index])
+        if rate <= 0:
+            return None
+        channels = int(self._declared_channels[recording_index])
+        return AudioShape(rate, channels, int(self._declared_frames[recording_index]))
+
+    def shape(self, recording_index: int) -> AudioShape | None:
+        declared = self.declared(recording_index)
+        if declared is not None:
+            return declared
+        plan = self._plans.get(recording_index)
+        if plan is None:
+            return None
+        return AudioShape(plan.sample_rate, plan.channels, plan.num_frames)
+
+    def frame_limit(self, recording_index: int) -> int:
+        shape = self.shape(recording_index)
+        assert shape is not None, "frame_limit() before the shape is known"
+        return shape.num_frames + self._tolerance_frames(recording_index)
+
+    def cut(self, index: int) -> Cut | None:
+        cut = self._cuts.get(index)
+        if cut is not None:
+            return cut
+        recording_index = int(self._cut_recordings[index])
+        shape = self.shape(recording_index)
+        if shape is None:
+            return None
+        cut = self._frame_cut(index, recording_index, shape)
+        self._cuts[index] = cut
+        return cut
+
+    def _frame_cut(self, index: int, recording_index: int, shape: AudioShape) -> Cut:
+        cut_id = self._cut_ids[index]
+        start = seconds_to_frames(float(self._cut_starts[index]), shape.sample_rate)
+        duration = float(self._cut_durations[index])
+        if math.isnan(duration):
+            length = max(0, shape.num_frames - start)
+        else:
+            length = seconds_to_frames(duration, shape.sample_rate)
+        where = self._described_in[recording_index]
+        if start + length > shape.num_frames + self._tolerance_frames(recording_index):
+            raise ManifestMismatchError(
+                f"cut {cut_id!r} ends at frame {start + length}, after the end of recording "
+                f"{self._recording_ids[recording_index]!r} ({shape.num_frames} frames at "
+                f"{shape.sample_rate} Hz)",
+                where=where,
+            )
+        channels = self._channels(index)
+        if any(channel >= shape.channels for channel in channels):
+            raise ManifestMismatchError(
+                f"cut {cut_id!r} asks for channels {list(channels)} of a recording with "
+                f"{shape.channels}",
+                where=where,
+            )
+        if channels == tuple(range(shape.channels)):
+            channels = ()
+        return Cut(cut_id, recording_index, start, length, channels)
+
+    def _channels(self, index: int) -> tuple[int, ...]:
+        start, end = self._channel_offsets[index], self._channel_offsets[index + 1]
+        return tuple(int(channel) for channel in self._channel_values[start:end])
+
+    def _tolerance_frames(self, recording_index: int) -> int:
+        declared = self.declared(recording_index)
+        if declared is None:
+            return 0
+        return math.ceil(DURATION_TOLERANCE_SECONDS * declared.sample_rate)
+
+    # -- plans ------------------------------------------------------------------------------
+
+    def index(self, recording_index: int) -> Recording:
+        plan = self._plans.get(recording_index)
+        if plan is None:
+            plan = self._load_or_compute(recording_index)
+            self.adopt(recording_index, plan)
+        return plan
+
+    def adopt(self, recording_index: int, recording: Recording) -> None:
+        """Keep a plan; check it against what the manifest declares.
+
+        Raises :class:`ManifestMismatchError` when the rate or the channels
+        differ (no frame could be served right); a length difference is kept
+        in :attr:`mismatches` and handled by :meth:`read_frames`.
+        """
+        declared = self.declared(recording_index)
+        recording_id = self._recording_ids[recording_index]
+        if declared is not None:
+            if (declared.sample_rate, declared.channels) != (
+                recording.sample_rate,
+                recording.channels,
+            ):
+                message = (
+                    f"recording {recording_id!r}: the manifest declares "
+                    f"{declared.sample_rate} Hz, {declared.channels} channel(s); the audio has "
+                    f"{recording.sample_rate} Hz, {recording.channels} channel(s)"
+                )
+                self.mismatches[recording_id] = message
+                raise ManifestMismatchError(message, where=self._described_in[recording_index])
+            difference = recording.num_frames - declared.num_frames
+            if difference:
+                self.mismatches[recording_id] = (
+                    f"recording {recording_id!r}: the manifest declares {declared.num_frames} "
+                    f"frames, the audio has {recording.num_frames} ({difference:+d}, "
+                    f"{difference / declared.sample_rate:+.4f} s; Lhotse's tolerance is "
+                    f"{DURATION_TOLERANCE_SECONDS} s)"
+                )
+        self._plans[recording_index] = recording
+
+    def _load_or_compute(self, recording_index: int) -> Recording:
+        key = self._plan_key(recording_index)
+        plan_path = os.path.join(self.directory, _PLANS, f"{key}.arrow")
+        loaded = self._load_plan(plan_path, recording_index)
+        if loaded is not None:
+            return loaded
+        return self._compute_plan(recording_index, key, plan_path)
+
+    def _plan_key(self, recording_index: int) -> str:
+        command = self._commands[recording_index]
+        if command is not None:
+            identity = f"command\0{command}"
+        else:
+            path = self._source_path(recording_index)
+            try:
+                status = os.stat(path)
+            except OSError as exc:
+                raise SourceError(
+                    f"cannot read the audio: {exc.strerror}", where=self._where(recording_index)
+                ) from exc
+            identity = (
+                f"file\0{path}\0{self._offsets[recording_index]}\0"
+                f"{self._lengths[recording_index]}\0{status.st_size}\0{status.st_mtime_ns}"
+            )
+        identity = f"{INDEX_VERSION}\0{identity}"
+        return hashlib.sha256(identity.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+    def _load_plan(self, plan_path: str, recording_index: int) -> Recording | None:
+        try:
+            row = _read_table(plan_path).to_pylist()[0]
+        except (ShardFormatError, IndexError):
+            return None  # not computed yet, or unreadable: compute it again
+        recording = recording_from_row(row)
+        self._blobs[recording_index] = (
+            str(row["source"]),
+            int(row["blob_offset"]),
+            int(row["blob_offset"]) + int(row["stored_bytes"]),
+        )
+        return recording
+
+    def _compute_plan(self, recording_index: int, key: str, plan_path: str) -> Recording:
+        plans = os.path.join(self.directory, _PLANS)
+        recording_id = self._recording_ids[recording_index]
+        path, offset, length = self._source_bytes(recording_index, key)
+        with tempfile.TemporaryDirectory(dir=plans) as workdir:
+            blob = self.storage.open_shard(path)[offset : offset + length]
+            try:
+                indexed = index_recording(blob, recording_id, workdir)
+            except CutfsError as exc:
+                raise type(exc)(exc.message, where=self._where(recording_index)) from exc
+            finally:
+                blob.release()
+            if indexed.stored_path is not None:  # transcoded to FLAC: keep it in the cache
+                path = os.path.join(plans, f"{key}.flac")
+                os.replace(indexed.stored_path, path)
+                offset, length = 0, os.path.getsize(path)
+        row = recording_row(indexed.recording, -1, -1, length, path)
+        row["blob_offset"] = offset
+        table = pa.Table.from_pylist([row], schema=_PLAN_SCHEMA)
+        _write_table(plan_path, table)
+        self._blobs[recording_index] = (path, offset, offset + length)
+        return indexed.recording
+
+    def _source_bytes(self, recording_index: int, key: str) -> tuple[str, int, int]:
+        """The file holding a recording's bytes and their range (a command runs once)."""
+        command = self._commands[recording_index]
+        if command is not None:
+            path = os.path.join(self.directory, _PLANS, f"{key}.audio")
+            if not os.path.exists(path):
+                _run_command(command, path, self._where(recording_index))
+            return path, 0, os.path.getsize(path)
+        path = self._source_path(recording_index)
+        offset = int(self._offsets[recording_index])
+        length = int(self._lengths[recording_index])
+        if length < 0:
+            length = os.path.getsize(path) - offset
+        return path, offset, length
+
+    def _source_path(self, recording_index: int) -> str:
+        path = self._paths[recording_index]
+        assert path is not None
+        return path
+
+    def _where(self, recording_index: int) -> str:
+        source = self._paths[recording_index] or f"{self._commands[recording_index]} |"
+        return f"{source} (recording {self._recording_ids[recording_index]!r})"
+
+    # -- frames -----------------------------------------------------------------------------
+
+    def read_frames(
+        self, recording_index: int, first: int, end: int, trace: DecodeTrace | None = None
+    ) -> Int16Array:
+        """Frames ``[first, end)`` of the recording as its manifest declares it.
+
+        Past the end of shorter audio, frames within the tolerance are the
+        reflection of the last frames (Lhotse's padding); the result stops
+        short where even that cannot serve.
+        """
+        first_use = recording_index not in self._plans
+        plan = self.index(recording_index)
+        mismatch = self.mismatches.get(self._recording_ids[recording_index])
+        if first_use and mismatch is not None and trace is not None:
+            trace.notes.append(mismatch)
+        actual = plan.num_frames
+        end = min(end, actual + self._tolerance_frames(recording_index))
+        if end <= actual:
+            return self._decode(recording_index, plan, first, max(first, end), trace)
+        reflect_from = 2 * actual - 1 - end  # the earliest frame a reflection needs
+        if reflect_from < 0:
+            return self._decode(recording_index, plan, first, actual, trace)
+        start = min(first, reflect_from)
+        decoded = self._decode(recording_index, plan, start, actual, trace)
+        positions = np.arange(max(first, actual), end)
+        padding = decoded[2 * actual - 2 - positions - start]
+        return np.concatenate(
+            [decoded[first - start :] if first < actual else decoded[:0], padding]
+        )
+
+    def _decode(
+        self, recording_index: int, plan: Recording, first: int, end: int, trace: DecodeTrace | None
+    ) -> Int16Array:
+        path, start, stop = self._blobs[recording_index]
+        blob = self.storage.open_shard(path)[start:stop]
+        return decode_frames(blob, plan, first, end, trace)
+
+
+def _run_command(command: str, output_path: str, where: str) -> None:
+    partial = f"{output_path}.{os.getpid()}.partial"
+    with open(partial, "wb") as output:
+        result = subprocess.run(
+            ["/bin/sh", "-c", command], stdout=output, stderr=subprocess.PIPE, check=False
+        )
+    if result.returncode != 0:
+        os.unlink(partial)
+        message = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        raise SourceError(
+            f"command exited with status {result.returncode}: {message[0]}", where=where
+        )
+    os.replace(partial, output_path)
+
+
+def _stamp(source: str) -> str:
+    """A digest of the names, sizes and times of every file under ``source``."""
+    digest = hashlib.sha256()
+    if os.path.isdir(source):
+        for directory, subdirectories, names in os.walk(source):
+            subdirectories.sort()
+            for name in sorted(names):
+                _stamp_file(digest, os.path.join(directory, name))
+    else:
+        _stamp_file(digest, source)
+    return digest.hexdigest()
+
+
+def _stamp_file(digest: Any, path: str) -> None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return
+    digest.update(f"{path}\0{status.st_size}\0{status.st_mtime_ns}\n".encode(errors="replace"))
+
+
+def _recordings_table(catalogue: SourceCatalogue) -> pa.Table:
+    rows = []
+    for recording in catalogue.recordings:
+        declared = recording.declared
+        rows.append(
+            {
+                "recording_id": recording.recording_id,
+                "path": recording.path,
+                "command": recording.command,
+                "offset_bytes": recording.offset_bytes,
+                "length_bytes": -1 if recording.length_bytes is None else recording.length_bytes,
+                "declared_rate": declared.sample_rate if declared else 0,
+                "declared_channels": declared.channels if declared else 0,
+                "declared_frames": declared.num_frames if declared else -1,
+                "described_in": recording.described_in,
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=_CATALOGUE_RECORDINGS)
+
+
+def _cuts_table(catalogue: SourceCatalogue) -> pa.Table:
+    numbers = {recording.recording_id: n for n, recording in enumerate(catalogue.recordings)}
+    columns: dict[str, list[Any]] = {name: [] for name in _CATALOGUE_CUTS.names}
+    for cut in catalogue.cuts:
+        columns["cut_id"].append(cut.cut_id)
+        columns["recording"].append(numbers[cut.recording_id])
+        columns["start_seconds"].append(cut.start_seconds)
+        columns["duration_seconds"].append(
+            math.nan if cut.duration_seconds is None else cut.duration_seconds
+        )
+        columns["channels"].append(list(cut.channels or ()))
+        columns["metadata"].append(json.dumps(cut.metadata, ensure_ascii=False, sort_keys=True))
+    return pa.Table.from_pydict(columns, schema=_CATALOGUE_CUTS)
+
+
+def _read_index_file(directory: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(directory, INDEX_FILE), encoding="utf-8") as index_file:
+            info = json.load(index_file)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or info.get("format") != INDEX_FORMAT:
+        return None
+    return info
+
+
+def _read_table(path: str) -> pa.Table:
+    try:
+        with pa.OSFile(path, "rb") as source:
+            return pa.ipc.open_file(source).read_all()
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardFormatError(f"cannot read table: {exc}", where=path) from exc
+
+
+def _write_table(path: str, table: pa.Table) -> None:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    _write_atomically(path, sink.getvalue().to_pybytes())
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    descriptor, partial = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".partial-")
+    try:
+        with os.fdopen(descriptor, "wb") as output:
+            output.write(data)
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+
+
+def _ints(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
+    return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
+
+
+__all__ = [
+    "DURATION_TOLERANCE_SECONDS",
+    "INDEX_FILE",
+    "SourceIndex",
+    "default_cache_root",
+    "prepare_index",
+]
