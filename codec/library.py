@@ -71,6 +71,10 @@ class Library(Protocol):
         """The recording a cut is of (known without indexing)."""
         ...
 
+    def metadata_mentions(self, text: str) -> bool:
+        """Whether any cut's metadata (as JSON text) contains ``text``."""
+        ...
+
     def cut_metadata(self, index: int) -> dict[str, Any]:
         """What the source said about a cut besides its time range (text, speaker, ...)."""
         ...

@@ -29,6 +29,7 @@ from codec.recording import Recording
 from codec.recording_indexer import IndexedRecording, index_recording
 from codec.shard_writer import DEFAULT_SHARD_BYTES, ShardWriter
 from codec.sources import SourceCatalogue, SourceCut, SourceRecording, read_source
+from codec.sources.arrow_dataset import read_parquet_cell
 
 ProgressCallback = Callable[[int, int, int], None]  # (recordings done, total, bytes stored)
 
@@ -144,7 +145,12 @@ def _index_task(task: tuple[SourceRecording, str]) -> IndexedRecording:
     path = source.path
     if source.command is not None:
         path = _run_command(source, staging)
+    elif (
+        source.parquet_column is not None or source.offset_bytes or source.length_bytes is not None
+    ):
+        path = _extract(source, staging)
     assert path is not None
+    copied = path != source.path  # a file of our own in the staging directory
     with _mapped(path, source) as blob:
         try:
             indexed = index_recording(blob, source.recording_id, staging)
@@ -153,11 +159,31 @@ def _index_task(task: tuple[SourceRecording, str]) -> IndexedRecording:
                 f"recording {source.recording_id!r}: {exc.message}",
                 where=f"{source.origin} (listed in {source.described_in})",
             ) from exc
-    if source.command is not None and indexed.stored_path is None:
+    if copied and indexed.stored_path is None:
         indexed.stored_path = path
-    elif source.command is not None:
+    elif copied:
         os.unlink(path)
     return indexed
+
+
+def _extract(source: SourceRecording, staging: str) -> str:
+    """Copy a recording stored inside another file (tar member, Arrow or Parquet row)."""
+    assert source.path is not None
+    if source.parquet_column is not None:
+        data = read_parquet_cell(
+            source.path, source.parquet_column, source.offset_bytes, source.length_bytes or 0
+        )
+    else:
+        try:
+            with open(source.path, "rb") as container:
+                container.seek(source.offset_bytes)
+                data = container.read(-1 if source.length_bytes is None else source.length_bytes)
+        except OSError as exc:
+            raise SourceError(f"cannot read: {exc.strerror}", where=source.origin) from exc
+    descriptor, path = tempfile.mkstemp(prefix="member-", suffix=".audio", dir=staging)
+    with os.fdopen(descriptor, "wb") as output:
+        output.write(data)
+    return path
 
 
 def _run_command(source: SourceRecording, staging: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from codec.cut import Cut
 from codec.decoder import DecodeTrace, decode_frames
@@ -113,6 +114,11 @@ class ShardSet:
 
     def cut_recording(self, index: int) -> int:
         return int(self.cut_recordings[index])
+
+    def metadata_mentions(self, text: str) -> bool:
+        """Whether any cut's metadata JSON contains ``text`` (vectorised: no parsing)."""
+        matches = pc.match_substring(self._cut_metadata, text)
+        return bool(pc.any(matches).as_py())
 
     def cut_metadata(self, index: int) -> dict[str, Any]:
         metadata = json.loads(str(self._cut_metadata[index].as_py()))

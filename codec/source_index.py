@@ -43,6 +43,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from codec.cut import Cut, seconds_to_frames
 from codec.decoder import DecodeTrace, decode_frames
@@ -55,6 +56,7 @@ from codec.shard_format import RECORDINGS_SCHEMA
 from codec.shard_set import recording_from_row
 from codec.shard_writer import recording_row
 from codec.sources import SourceCatalogue, read_source
+from codec.sources.arrow_dataset import read_parquet_cell
 from codec.storage import LocalStorage, Storage
 
 INDEX_FILE: Final = "source-index.json"
@@ -78,6 +80,7 @@ _CATALOGUE_RECORDINGS: Final = pa.schema(
         ("declared_channels", pa.int32()),
         ("declared_frames", pa.int64()),
         ("described_in", pa.string()),
+        ("parquet_column", pa.string()),
     ]
 )
 _CATALOGUE_CUTS: Final = pa.schema(
@@ -164,6 +167,7 @@ class SourceIndex:
         self._declared_channels = _ints(recordings, "declared_channels")
         self._declared_frames = _ints(recordings, "declared_frames")
         self._described_in: list[str] = recordings.column("described_in").to_pylist()
+        self._parquet_columns: list[str | None] = recordings.column("parquet_column").to_pylist()
         cuts = _read_table(os.path.join(directory, _CUTS)) if load_cuts else None
         cuts = cuts if cuts is not None else _CATALOGUE_CUTS.empty_table()
         self._cut_ids: list[str] = cuts.column("cut_id").to_pylist()
@@ -224,6 +228,11 @@ class SourceIndex:
 
     def cut_recording(self, index: int) -> int:
         return int(self._cut_recordings[index])
+
+    def metadata_mentions(self, text: str) -> bool:
+        """Whether any cut's metadata JSON contains ``text`` (vectorised: no parsing)."""
+        matches = pc.match_substring(self._cut_metadata, text)
+        return bool(pc.any(matches).as_py())
 
     def cut_metadata(self, index: int) -> dict[str, Any]:
         metadata = json.loads(str(self._cut_metadata[index].as_py()))
@@ -384,7 +393,12 @@ class SourceIndex:
         recording_id = self._recording_ids[recording_index]
         path, offset, length = self._source_bytes(recording_index, key)
         with tempfile.TemporaryDirectory(dir=plans) as workdir:
-            blob = self.storage.open_shard(path)[offset : offset + length]
+            try:
+                blob = self.storage.open_shard(path)[offset : offset + length]
+            except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
+                raise SourceError(
+                    f"cannot read the audio: {exc}", where=self._where(recording_index)
+                ) from exc
             try:
                 indexed = index_recording(blob, recording_id, workdir)
             except CutfsError as exc:
@@ -413,6 +427,12 @@ class SourceIndex:
         path = self._source_path(recording_index)
         offset = int(self._offsets[recording_index])
         length = int(self._lengths[recording_index])
+        column = self._parquet_columns[recording_index]
+        if column is not None:  # offset and length are the row group and the row
+            extracted = os.path.join(self.directory, _PLANS, f"{key}.audio")
+            if not os.path.exists(extracted):
+                _write_atomically(extracted, read_parquet_cell(path, column, offset, length))
+            return extracted, 0, os.path.getsize(extracted)
         if length < 0:
             length = os.path.getsize(path) - offset
         return path, offset, length
@@ -516,6 +536,7 @@ def _recordings_table(catalogue: SourceCatalogue) -> pa.Table:
                 "declared_channels": declared.channels if declared else 0,
                 "declared_frames": declared.num_frames if declared else -1,
                 "described_in": recording.described_in,
+                "parquet_column": recording.parquet_column,
             }
         )
     return pa.Table.from_pylist(rows, schema=_CATALOGUE_RECORDINGS)

@@ -125,8 +125,12 @@ def test_kaldi_directory_in_place_is_indexed_on_first_lookup(
     (data / "text").write_text("".join(f"{utt} words of {utt}\n" for utt, *_ in segments))
     with mounted(str(data), str(tmp_path / "mnt"), "--cache-dir", str(tmp_path / "cache")) as mnt:
         listed = sorted(os.listdir(os.path.join(mnt, "cuts")))
-        assert listed == sorted(f"{utt}.wav" for utt, *_ in segments)
+        assert listed == sorted(["metadata.jsonl", *(f"{utt}.wav" for utt, *_ in segments)])
         assert stats(mnt)["counters"].get("recordings_indexed", 0) == 0  # listing indexes nothing
+        with open(os.path.join(mnt, "segments")) as segments_file:  # needs every length
+            lines = sorted(line.split() for line in segments_file)
+        assert lines == sorted([utt, utt, "0.000", "4.500000"] for utt, *_ in segments)
+        assert stats(mnt)["counters"]["recordings_indexed"] == len(chosen)
         for utt, rec, start, end in segments:
             cut = {"id": utt, "recording": rec, "start": start, "duration": end - start}
             expected = expected_file(cut, references)

@@ -40,9 +40,24 @@ from vfs.path_escape import unescape_path
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 
+#: The root of a mount of the test shards, whose cuts carry text and speakers.
+ROOT_LISTING = sorted(
+    [
+        ".cutfs",
+        "cuts",
+        "cuts.jsonl.gz",
+        "recordings",
+        "segments",
+        "spk2utt",
+        "text",
+        "utt2spk",
+        "wav.scp",
+    ]
+)
+
 
 def test_layout(mount: str) -> None:
-    assert sorted(os.listdir(mount)) == [".cutfs", "cuts", "recordings", "wav.scp"]
+    assert sorted(os.listdir(mount)) == ROOT_LISTING
     assert "flac_mono_16k" in os.listdir(os.path.join(mount, "cuts"))
     assert sorted(os.listdir(os.path.join(mount, "cuts", "flac_mono_16k"))) == [
         "end.wav",
@@ -310,7 +325,7 @@ def test_a_killed_daemon_leaves_a_stale_mount_that_the_next_mount_clears(
             os.listdir(mountpoint)
         assert raised.value.errno == errno.ENOTCONN
         with mounted(shard_dir, mountpoint) as mount:
-            assert sorted(os.listdir(mount)) == [".cutfs", "cuts", "recordings", "wav.scp"]
+            assert sorted(os.listdir(mount)) == ROOT_LISTING
     finally:
         unmount(mountpoint)
 
@@ -342,7 +357,7 @@ def test_mounting_over_a_live_mount_is_refused(mount: str, shard_dir: str) -> No
     )
     assert result.returncode == 4
     assert "already a mounted FUSE filesystem" in result.stderr
-    assert sorted(os.listdir(mount)) == [".cutfs", "cuts", "recordings", "wav.scp"]
+    assert sorted(os.listdir(mount)) == ROOT_LISTING
 
 
 def _wait_until(condition: object, timeout: float = 60.0) -> None:

@@ -18,7 +18,7 @@ from codec.errors import CutfsError
 from codec.packer import pack
 from codec.shard_writer import DEFAULT_SHARD_BYTES
 from vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
-from vfs.filesystem import CONTROL_DIR, STATS_FILE
+from vfs.filesystem import CONTROL_DIR, STATS_FILE, Windows
 from vfs.mount import ExitCode, MountError, MountOptions, serve
 from vfs.operations import Ownership
 
@@ -43,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "mount":
         try:
             _apply_mount_options(args)
+            _windows(args)
         except ValueError as exc:
             parser.error(str(exc))
     return int(args.run(args))
@@ -117,6 +118,20 @@ def _parser() -> argparse.ArgumentParser:
         help="where indexes of sources served in place are kept, so that the next mount "
         "starts at once (default: $CUTFS_CACHE_DIR, else /var/cache/cutfs for root, "
         "~/.cache/cutfs for others)",
+    )
+    mount_parser.add_argument(
+        "--window",
+        type=float,
+        metavar="SECONDS",
+        help="add windows/<recording>/<start>-<end>.wav: every recording in windows of this "
+        "length (the last one ends with the recording); no audio is written",
+    )
+    mount_parser.add_argument(
+        "--overlap",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="how much consecutive windows overlap (default 0)",
     )
     mount_parser.add_argument(
         "--workers",
@@ -337,6 +352,8 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
         "dir_mode": ("dir_mode", _octal),
         "log_file": ("log_file", str),
         "cache_dir": ("cache_dir", str),
+        "window": ("window", float),
+        "overlap": ("overlap", float),
         "read_ahead_kb": ("read_ahead_kb", int),
         "max_background": ("max_background", int),
     }
@@ -379,6 +396,7 @@ def _mount(args: argparse.Namespace) -> int:
         read_ahead_kb=args.read_ahead_kb,
         max_background=args.max_background,
         cache_dir=os.path.abspath(args.cache_dir) if args.cache_dir else None,
+        windows=_windows(args),
     )
     ready_fd: int | None = args.ready_fd
 
@@ -399,6 +417,12 @@ def _mount(args: argparse.Namespace) -> int:
         _report_failure(ready_fd, ExitCode.ERROR, str(exc))
         return ExitCode.ERROR
     return ExitCode.OK
+
+
+def _windows(args: argparse.Namespace) -> Windows | None:
+    if args.window is None:
+        return None
+    return Windows(args.window, args.overlap)
 
 
 def _report_failure(ready_fd: int | None, exit_code: int, message: str) -> None:

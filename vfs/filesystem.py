@@ -3,44 +3,63 @@
 Layout of a mount::
 
     cuts/<cut id>.wav              one file per cut (ids with "/" make directories)
+    cuts/metadata.jsonl            HuggingFace audiofolder metadata of the cuts
     recordings/<recording id>.wav  every recording, whole, all channels
-    wav.scp                        "<cut id> <absolute path of its file>" per line
+    recordings/<recording id>/<start>-<end>.wav
+                                   any time range in seconds, made on lookup, never listed
+    windows/<recording id>/<start>-<end>.wav
+                                   fixed windows with overlap (with ``--window``)
+    wav.scp, segments, text, utt2spk, spk2utt, cuts.jsonl.gz
+                                   manifests of the cut files (see vfs.manifest_files)
     .cutfs/stats                   the daemon's counters, as JSON (when enabled)
 
 Every file is immutable for the life of the mount.  Errors the kernel should
 see are raised as :class:`FsError` with an errno value; failures to produce
 audio propagate as :class:`codec.errors.CutfsError`.  Turning those into
 errno values is the job of :mod:`vfs.operations`, the one boundary.
+
+A library served in place may not know a recording's length until it is
+indexed: sizes are then found on lookup (``getattr``), which has a worker
+index the recording, while listings give provisional attributes.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
+import trio
 
-from codec.library import Library
+from codec.cut import seconds_to_frames
+from codec.library import AudioShape, Library
 from codec.wav_layout import HEADER_BYTES, WavLayout
 from vfs.frame_source import FrameSource
 from vfs.inode_table import (
     CUT_INODE_BASE,
     RECORDING_INODE_BASE,
     ROOT_INODE,
+    SPAN_INODE_BASE,
     Directory,
     InodeTable,
     NodeKind,
 )
+from vfs.manifest_files import AUDIOFOLDER_METADATA, NEEDS_LENGTHS, ManifestFiles
 
-WAV_SCP: Final = "wav.scp"
 CONTROL_DIR: Final = ".cutfs"
 STATS_FILE: Final = "stats"
 CUTS_DIR: Final = "cuts"
 RECORDINGS_DIR: Final = "recordings"
+WINDOWS_DIR: Final = "windows"
+#: ``<start>-<end>.wav`` in decimal seconds, for time ranges made on lookup.
+_RANGE_NAME: Final = re.compile(rb"(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)\.wav")
+#: Recordings indexed at once when a manifest needs every length.
+_INDEXING_AT_ONCE: Final = 4
 #: How far past a read a decode may go, within the file: a whole cut of up to a
 #: minute at 48 kHz, and the next stretch of a long recording read in order.
 _READAHEAD_FRAMES: Final = 48000 * 60
@@ -73,6 +92,33 @@ class Attributes:
 
 
 @dataclass(frozen=True, slots=True)
+class Windows:
+    """Fixed windows of every recording: ``length_seconds`` long, starting every
+    ``length_seconds - overlap_seconds``; the last one ends with the recording."""
+
+    length_seconds: float
+    overlap_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.overlap_seconds < self.length_seconds:
+            raise ValueError("windows need 0 <= overlap < length")
+
+    def spans(self, shape: AudioShape) -> list[tuple[int, int]]:
+        """(start frame, end frame) of each window of a recording."""
+        length = seconds_to_frames(self.length_seconds, shape.sample_rate)
+        step = length - seconds_to_frames(self.overlap_seconds, shape.sample_rate)
+        spans = []
+        start = 0
+        while start < shape.num_frames:
+            end = min(start + length, shape.num_frames)
+            spans.append((start, end))
+            if end == shape.num_frames:
+                break
+            start += max(step, 1)
+        return spans
+
+
+@dataclass(frozen=True, slots=True)
 class WavSource:
     """Which frames and channels of which recording a WAV file serves."""
 
@@ -91,28 +137,46 @@ class Filesystem:
         frame_source: FrameSource,
         mountpoint: str,
         status: Callable[[], bytes] | None = None,
+        windows: Windows | None = None,
     ) -> None:
         self._library = library
         self._frames = frame_source
         self._mountpoint = os.path.abspath(mountpoint)
-        self._table = InodeTable()
-        self._cut_paths = self._table.add_files(
-            self._table.add_directory(self._table.root, CUTS_DIR),
-            library.cut_ids,
-            CUT_INODE_BASE,
+        self._table = table = InodeTable()
+        cuts = table.add_directory(table.root, CUTS_DIR)
+        self._cut_paths = table.add_files(cuts, library.cut_ids, CUT_INODE_BASE)
+        recordings = table.add_directory(table.root, RECORDINGS_DIR)
+        recording_paths = table.add_files(recordings, library.recording_ids, RECORDING_INODE_BASE)
+        self._manifests = ManifestFiles(
+            library, self._cut_paths, os.path.join(self._mountpoint, CUTS_DIR)
         )
-        self._table.add_files(
-            self._table.add_directory(self._table.root, RECORDINGS_DIR),
-            library.recording_ids,
-            RECORDING_INODE_BASE,
-        )
-        self._wav_scp_inode = self._table.add_text(self._table.root, WAV_SCP)
+        self._text_inodes: dict[int, str] = {}
+        for name in self._manifests.root_names():
+            self._text_inodes[table.add_text(table.root, name)] = name
+        if library.num_cuts:
+            self._text_inodes[table.add_text(cuts, AUDIOFOLDER_METADATA)] = AUDIOFOLDER_METADATA
         self._volatile: dict[int, Callable[[], bytes]] = {}
         if status is not None:
-            control = self._table.add_directory(self._table.root, CONTROL_DIR)
-            self._volatile[self._table.add_text(control, STATS_FILE)] = status
+            control = table.add_directory(table.root, CONTROL_DIR)
+            self._volatile[table.add_text(control, STATS_FILE)] = status
         self._texts: dict[int, bytes] = {}
         self._listings: dict[int, list[tuple[bytes, int]]] = {}
+        # Spans (time ranges, windows): hidden range directories per recording, made on
+        # lookup, and span files numbered as they are first needed.
+        self._range_parents = _stems(table, recordings, recording_paths)
+        self._hidden: dict[tuple[int, bytes], int] = {}  # (parent, name) -> range directory
+        self._range_directories: dict[int, int] = {}  # directory inode -> recording
+        self._spans: dict[int, tuple[int, int, int]] = {}  # inode -> (recording, start, end)
+        self._span_inodes: dict[tuple[int, int, int], int] = {}
+        self._windows = windows
+        self._window_directories: dict[int, int] = {}  # directory inode -> recording
+        if windows is not None:
+            windows_root = table.add_directory(table.root, WINDOWS_DIR)
+            for number, path in recording_paths.items():
+                directory = windows_root
+                for component in path.removesuffix(".wav").split("/"):
+                    directory = table.add_directory(directory, component)
+                self._window_directories[directory.inode] = number
 
     # -- metadata ---------------------------------------------------------------------------
 
@@ -122,17 +186,76 @@ class Filesystem:
             return await self.getattr(parent_inode)
         if name == b"..":
             return await self.getattr(directory.parent)
+        await self.open_directory(parent_inode)
         inode = directory.children.get(name)
         if inode is None:
-            raise FsError(errno.ENOENT)
+            inode = await self._span_lookup(directory, name)
         return await self.getattr(inode)
+
+    async def open_directory(self, inode: int) -> None:
+        """Check that ``inode`` is a directory; fill a window directory on first use."""
+        directory = self._directory(inode)
+        recording_index = self._window_directories.pop(inode, None)
+        if recording_index is None or self._windows is None:
+            return
+        try:
+            shape = await self._shape(recording_index)
+        except BaseException:
+            self._window_directories[inode] = recording_index  # try again next time
+            raise
+        rate = shape.sample_rate
+        for start, end in self._windows.spans(shape):
+            name = f"{_seconds_label(start, rate)}-{_seconds_label(end, rate)}.wav"
+            directory.children[name.encode()] = self._span_inode(recording_index, start, end)
+        self._listings.pop(inode, None)
+
+    async def _span_lookup(self, directory: Directory, name: bytes) -> int:
+        """A recording's hidden range directory, or a time range file in one."""
+        recording_index = self._range_parents.get((directory.inode, name))
+        if recording_index is not None:
+            inode = self._hidden.get((directory.inode, name))
+            if inode is None:
+                inode = self._table.add_hidden_directory(directory).inode
+                self._hidden[(directory.inode, name)] = inode
+                self._range_directories[inode] = recording_index
+            return inode
+        recording_index = self._range_directories.get(directory.inode)
+        matched = _RANGE_NAME.fullmatch(name)
+        if recording_index is None or matched is None:
+            raise FsError(errno.ENOENT)
+        shape = await self._shape(recording_index)
+        start = seconds_to_frames(float(matched[1]), shape.sample_rate)
+        end = seconds_to_frames(float(matched[2]), shape.sample_rate)
+        if not 0 <= start < end <= shape.num_frames:
+            raise FsError(errno.ENOENT)
+        return self._span_inode(recording_index, start, end)
+
+    def _span_inode(self, recording_index: int, start: int, end: int) -> int:
+        key = (recording_index, start, end)
+        inode = self._span_inodes.get(key)
+        if inode is None:
+            inode = SPAN_INODE_BASE + len(self._spans)
+            self._spans[inode] = key
+            self._span_inodes[key] = inode
+        return inode
+
+    async def _shape(self, recording_index: int) -> AudioShape:
+        shape = self._library.shape(recording_index)
+        if shape is None:
+            await self._frames.index(recording_index)
+            shape = self._library.shape(recording_index)
+            assert shape is not None, "indexing did not make the shape known"
+        return shape
 
     async def getattr(self, inode: int) -> Attributes:
         """A node's attributes; a WAV file's size may need its recording indexed first."""
         kind = self._table.kind(inode)
-        if kind in (NodeKind.CUT, NodeKind.RECORDING):
+        if kind in _WAV_KINDS:
             source = await self.wav_source(inode)
             return Attributes(inode, _FILE_MODE, source.layout.size_bytes)
+        if kind is NodeKind.TEXT:
+            text = await self._ensure_text(inode)
+            return Attributes(inode, _FILE_MODE, len(text), volatile=inode in self._volatile)
         return self.listed_attributes(inode)
 
     def listed_attributes(self, inode: int) -> Attributes:
@@ -144,9 +267,13 @@ class Filesystem:
         if kind is NodeKind.DIRECTORY:
             return Attributes(inode, _DIRECTORY_MODE, 0, 2 + self._directory(inode).subdirectories)
         if kind is NodeKind.TEXT:
-            volatile = inode in self._volatile
-            return Attributes(inode, _FILE_MODE, len(self._text(inode)), volatile=volatile)
-        if kind in (NodeKind.CUT, NodeKind.RECORDING):
+            if inode in self._volatile:
+                return Attributes(inode, _FILE_MODE, len(self._text(inode)), volatile=True)
+            text = self._texts.get(inode)
+            if text is None:
+                return Attributes(inode, _FILE_MODE, 0, provisional=True)
+            return Attributes(inode, _FILE_MODE, len(text))
+        if kind in _WAV_KINDS:
             source = self._known_wav_source(inode)
             if source is None:
                 return Attributes(inode, _FILE_MODE, 0, provisional=True)
@@ -176,12 +303,11 @@ class Filesystem:
             self._library.recording_ids
         ):
             raise FsError(errno.ENOENT)
+        if kind is NodeKind.SPAN and inode not in self._spans:
+            raise FsError(errno.ENOENT)
 
     def is_volatile(self, inode: int) -> bool:
         return inode in self._volatile
-
-    def check_directory(self, inode: int) -> None:
-        self._directory(inode)
 
     # -- data -------------------------------------------------------------------------------
 
@@ -191,8 +317,8 @@ class Filesystem:
             raise FsError(errno.EINVAL)
         kind = self._table.kind(inode)
         if kind is NodeKind.TEXT:
-            return self._text(inode)[offset : offset + size]
-        if kind not in (NodeKind.CUT, NodeKind.RECORDING):
+            return (await self._ensure_text(inode))[offset : offset + size]
+        if kind not in _WAV_KINDS:
             raise FsError(errno.EISDIR if kind is NodeKind.DIRECTORY else errno.ENOENT)
         return await self._read_wav(await self.wav_source(inode), offset, size)
 
@@ -206,12 +332,27 @@ class Filesystem:
         return source
 
     def _recording_of(self, inode: int) -> int:
+        if inode >= SPAN_INODE_BASE:
+            return self._spans[inode][0]
         if inode >= RECORDING_INODE_BASE:
             return inode - RECORDING_INODE_BASE
         return self._library.cut_recording(inode - CUT_INODE_BASE)
 
     def _known_wav_source(self, inode: int) -> WavSource | None:
         library = self._library
+        if inode >= SPAN_INODE_BASE:
+            span = self._spans.get(inode)
+            if span is None:
+                raise FsError(errno.ENOENT)
+            recording_index, start, end = span
+            shape = library.shape(recording_index)
+            assert shape is not None, "spans are made once the shape is known"
+            return WavSource(
+                recording_index,
+                start,
+                (),
+                WavLayout(shape.sample_rate, shape.channels, end - start),
+            )
         if inode >= RECORDING_INODE_BASE:
             index = inode - RECORDING_INODE_BASE
             if index >= len(library.recording_ids):
@@ -265,29 +406,67 @@ class Filesystem:
         return directory
 
     def _text(self, inode: int) -> bytes:
+        """A volatile text, or a rendered one (see :meth:`_ensure_text`)."""
         volatile = self._volatile.get(inode)
         if volatile is not None:
             return volatile()
-        text = self._texts.get(inode)
+        return self._texts[inode]
+
+    async def _ensure_text(self, inode: int) -> bytes:
+        """A text file's content, rendered on first use (after indexing, if it needs lengths)."""
+        if inode in self._volatile or inode in self._texts:
+            return self._text(inode)
+        name = self._text_inodes[inode]
+        if name in NEEDS_LENGTHS:
+            await self._index_all()
+        text = self._texts.get(inode)  # another request may have rendered it meanwhile
         if text is None:
-            text = self._wav_scp() if inode == self._wav_scp_inode else b""
+            text = self._manifests.render(name)
             self._texts[inode] = text
         return text
 
-    def _wav_scp(self) -> bytes:
-        base = os.path.join(self._mountpoint, CUTS_DIR)
-        lines = [
-            f"{_scp_key(cut_id)} {os.path.join(base, self._cut_paths[number])}\n"
-            for number, cut_id in enumerate(self._library.cut_ids)
+    async def _index_all(self) -> None:
+        """Index every recording whose shape is unknown, a few at a time."""
+        pending = [
+            number
+            for number in range(len(self._library.recording_ids))
+            if self._library.shape(number) is None
         ]
-        return "".join(lines).encode("utf-8", "surrogateescape")
+        if not pending:
+            return
+        limiter = trio.CapacityLimiter(_INDEXING_AT_ONCE)
+
+        async def index(number: int) -> None:
+            async with limiter:
+                await self._frames.index(number)
+
+        async with trio.open_nursery() as nursery:
+            for number in pending:
+                nursery.start_soon(index, number)
 
 
-def _scp_key(cut_id: str) -> str:
-    """The id as a wav.scp key: whitespace (which would split the line) is percent-encoded."""
-    if cut_id and not any(character.isspace() for character in cut_id):
-        return cut_id
-    return "".join(f"%{ord(c):02X}" if c.isspace() or c == "%" else c for c in cut_id) or "%"
+_WAV_KINDS: Final = frozenset({NodeKind.CUT, NodeKind.RECORDING, NodeKind.SPAN})
+
+
+def _stems(
+    table: InodeTable, recordings: Directory, paths: dict[int, str]
+) -> dict[tuple[int, bytes], int]:
+    """(directory inode, name) of each recording's range directory -> recording number.
+
+    ``recordings/a/b.wav`` has its time ranges under ``recordings/a/b/``.
+    """
+    stems = {}
+    for number, path in paths.items():
+        parent_path, _, name = path.removesuffix(".wav").rpartition("/")
+        parent = table.find(recordings, parent_path) if parent_path else recordings.inode
+        assert parent is not None, "add_files made the directories of every path"
+        stems[(parent, name.encode("utf-8", "surrogateescape"))] = number
+    return stems
+
+
+def _seconds_label(frames: int, rate: int) -> str:
+    """Seconds as a short decimal that converts back to exactly ``frames``."""
+    return f"{frames / rate:.6f}".rstrip("0").rstrip(".")
 
 
 __all__ = ["ROOT_INODE", "Attributes", "Filesystem", "FsError", "WavSource"]

@@ -4,7 +4,9 @@ Inodes are fixed for the life of the mount and derived from table positions,
 so nothing is allocated per lookup:
 
 * directories and generated text files: small numbers from 1 (the root);
-* cut ``i``: ``CUT_INODE_BASE + i``; recording ``r``: ``RECORDING_INODE_BASE + r``.
+* cut ``i``: ``CUT_INODE_BASE + i``; recording ``r``: ``RECORDING_INODE_BASE + r``;
+* spans of recordings made on demand (windows, time ranges): ``SPAN_INODE_BASE`` and up,
+  numbered in the order they are first looked up.
 
 Only directories are objects; a directory maps entry names (bytes, as the
 kernel passes them) to inodes.
@@ -22,6 +24,7 @@ from vfs.path_escape import escape_id
 ROOT_INODE: Final = 1
 CUT_INODE_BASE: Final = 1 << 40
 RECORDING_INODE_BASE: Final = 1 << 41
+SPAN_INODE_BASE: Final = 1 << 42
 
 
 class NodeKind(Enum):
@@ -29,6 +32,7 @@ class NodeKind(Enum):
     TEXT = "text"
     CUT = "cut"
     RECORDING = "recording"
+    SPAN = "span"
 
 
 @dataclass
@@ -50,6 +54,8 @@ class InodeTable:
 
     def kind(self, inode: int) -> NodeKind | None:
         """What the inode is, or ``None`` if it does not exist."""
+        if inode >= SPAN_INODE_BASE:
+            return NodeKind.SPAN
         if inode >= RECORDING_INODE_BASE:
             return NodeKind.RECORDING
         if inode >= CUT_INODE_BASE:
@@ -79,6 +85,23 @@ class InodeTable:
         parent.children[key] = directory.inode
         parent.subdirectories += 1
         return directory
+
+    def add_hidden_directory(self, parent: Directory) -> Directory:
+        """A directory that its parent does not list (found by lookup only)."""
+        return self._new_directory(parent.inode)
+
+    def find(self, start: Directory, path: str) -> int | None:
+        """The inode at ``path`` (``/``-separated, as :meth:`add_files` returns) below ``start``."""
+        directory: Directory | None = start
+        *directories, name = path.split("/")
+        for component in directories:
+            assert directory is not None
+            child = directory.children.get(component.encode("utf-8", "surrogateescape"))
+            directory = self._directories.get(child) if child is not None else None
+            if directory is None:
+                return None
+        assert directory is not None
+        return directory.children.get(name.encode("utf-8", "surrogateescape"))
 
     def add_text(self, parent: Directory, name: str) -> int:
         inode = self._allocate()

@@ -29,7 +29,7 @@ from codec.source_index import SourceIndex, default_cache_root, prepare_index
 from vfs import kernel_tuning
 from vfs.block_cache import DEFAULT_BLOCK_FRAMES, BlockCache
 from vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
-from vfs.filesystem import Filesystem
+from vfs.filesystem import Filesystem, Windows
 from vfs.frame_source import FrameSource
 from vfs.operations import Operations, Ownership
 from vfs.statistics import Statistics
@@ -74,6 +74,8 @@ class MountOptions:
     debug_fuse: bool = False
     #: Where indexes of sources served in place are kept (None: the default).
     cache_dir: str | None = None
+    #: ``windows/`` of every recording (None: no windows directory).
+    windows: Windows | None = None
 
 
 def open_source(source: str, cache_dir: str | None) -> Library:
@@ -127,7 +129,7 @@ def serve(
             return (json.dumps(snapshot, indent=2) + "\n").encode()
 
         frames = FrameSource(library, cache, pool, statistics if options.profile else None)
-        filesystem = Filesystem(library, frames, mountpoint, status)
+        filesystem = Filesystem(library, frames, mountpoint, status, options.windows)
         operations = Operations(filesystem, options.ownership, statistics, options.direct_io)
         try:
             pool.wait_ready()

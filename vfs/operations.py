@@ -129,7 +129,7 @@ class Operations(pyfuse3.Operations):
 
     @_errno_boundary
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        self._fs.check_directory(inode)
+        await self._fs.open_directory(inode)
         return inode
 
     @_errno_boundary

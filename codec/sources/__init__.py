@@ -5,21 +5,31 @@ from __future__ import annotations
 import os
 
 from codec.errors import SourceError
+from codec.sources.arrow_dataset import is_arrow_dataset, read_arrow_dataset
 from codec.sources.audio_dir import read_audio_dir
 from codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
 from codec.sources.kaldi_dir import is_kaldi_dir, read_kaldi_dir
 from codec.sources.lhotse_manifest import find_manifests, is_lhotse_manifest, read_lhotse
+from codec.sources.tar_archive import (
+    is_lhotse_shar,
+    is_webdataset,
+    read_lhotse_shar,
+    read_webdataset,
+)
 
 __all__ = ["DeclaredAudio", "SourceCatalogue", "SourceCut", "SourceRecording", "read_source"]
 
 
 def read_source(paths: list[str]) -> SourceCatalogue:
-    """Read Lhotse manifests, a Kaldi data directory or a directory of audio files.
+    """Read the recordings and cuts of any input cutfs understands.
 
-    ``paths`` is either one directory or one or more Lhotse manifest files.
-    A directory is a Kaldi data directory if it has ``wav.scp``, a Lhotse
-    manifest directory if it holds ``*recordings*``, ``*supervisions*`` or
-    ``*cuts*`` JSONL files, and otherwise a directory of audio files.
+    ``paths`` is one directory, one WebDataset ``.tar``, or one or more Lhotse
+    manifest files.  A directory is, checked in this order: a Kaldi data
+    directory (``wav.scp``), a Lhotse Shar directory (``cuts.N.jsonl.gz`` and
+    ``recording.N.tar``), a Lhotse manifest directory (``*recordings*``,
+    ``*supervisions*`` or ``*cuts*`` JSONL files), an Arrow or Parquet dataset
+    (``*.arrow``, ``*.parquet``), WebDataset tars, and otherwise a directory
+    of audio files.
     """
     for path in paths:
         if not os.path.exists(path):
@@ -28,10 +38,18 @@ def read_source(paths: list[str]) -> SourceCatalogue:
         directory = paths[0]
         if is_kaldi_dir(directory):
             return read_kaldi_dir(directory)
+        if is_lhotse_shar(directory):
+            return read_lhotse_shar(directory)
         manifests = find_manifests(directory)
         if manifests:
             return read_lhotse(manifests)
+        if is_arrow_dataset(directory):
+            return read_arrow_dataset(directory)
+        if is_webdataset(directory):
+            return read_webdataset(directory)
         return read_audio_dir(directory)
+    if len(paths) == 1 and is_webdataset(paths[0]):
+        return read_webdataset(paths[0])
     for path in paths:
         if not is_lhotse_manifest(path):
             raise SourceError(

@@ -32,6 +32,9 @@ class SourceRecording:
     offset_bytes: int = 0
     length_bytes: int | None = None
     declared: DeclaredAudio | None = None
+    #: A Parquet row's audio: ``offset_bytes`` is then the row group and
+    #: ``length_bytes`` the row in it (the bytes are extracted on first use).
+    parquet_column: str | None = None
 
     @property
     def origin(self) -> str:

@@ -177,7 +177,7 @@ def _declared(item: dict[str, Any], where: str) -> DeclaredAudio | None:
 
 
 def _supervision_cut(item: dict[str, Any], where: str) -> SourceCut:
-    metadata = _supervision_metadata(item)
+    metadata = {**_supervision_metadata(item), "start": 0.0}  # the cut starts where it starts
     return SourceCut(
         cut_id=_text(item, "id", where),
         recording_id=_text(item, "recording_id", where),

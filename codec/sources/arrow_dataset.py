@@ -1,0 +1,251 @@
+"""Recordings stored as rows of Arrow or Parquet files: HuggingFace datasets and episode shards.
+
+A row holds one recording's encoded bytes in an audio column: a binary column
+(``audio``, or the only binary column) or HuggingFace's ``Audio`` struct
+``{bytes, path}``.  Other string and number columns become the cut's
+metadata (``text``, ``speaker``, ...).
+
+* Arrow IPC files (``*.arrow``: HuggingFace ``save_to_disk`` writes the
+  stream format, episode shards often the file format) are not compressed,
+  so each row's bytes are a range of the file: they are located once by
+  reading the record batches over a memory map, and served in place.
+* Parquet pages are usually compressed: a row's bytes are extracted into the
+  index cache the first time its recording is needed (the catalogue keeps the
+  row group and row).
+
+Without a segment list every row is one cut.  A segment list beside the files
+(``segments.jsonl``, ``segments.csv`` or ``segments.tsv``, with columns
+``id``, ``recording``, ``start``, ``end`` in seconds) makes the cuts instead,
+each of a recording named by the id column (``id``, ``recording_id``,
+``key`` or ``__key__``) or by the stem of the Audio struct's ``path``.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from codec.errors import SourceError
+from codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
+
+_ID_COLUMNS = ("id", "recording_id", "key", "__key__")
+_SEGMENT_LISTS = ("segments.jsonl", "segments.csv", "segments.tsv")
+
+
+def is_arrow_dataset(path: str) -> bool:
+    return os.path.isdir(path) and bool(_files(path, "arrow") or _files(path, "parquet"))
+
+
+def read_arrow_dataset(directory: str) -> SourceCatalogue:
+    recordings: list[SourceRecording] = []
+    rows_metadata: dict[str, dict[str, Any]] = {}
+    for path in _files(directory, "arrow"):
+        for recording, metadata in _arrow_rows(path):
+            recordings.append(recording)
+            rows_metadata[recording.recording_id] = metadata
+    for path in _files(directory, "parquet"):
+        for recording, metadata in _parquet_rows(path):
+            recordings.append(recording)
+            rows_metadata[recording.recording_id] = metadata
+    segment_list = next(
+        (
+            os.path.join(directory, n)
+            for n in _SEGMENT_LISTS
+            if os.path.isfile(os.path.join(directory, n))
+        ),
+        None,
+    )
+    if segment_list is None:
+        cuts = [
+            SourceCut(
+                r.recording_id,
+                r.recording_id,
+                metadata=rows_metadata[r.recording_id],
+                described_in=r.described_in,
+            )
+            for r in recordings
+        ]
+    else:
+        cuts = list(_segments(segment_list))
+    catalogue = SourceCatalogue(recordings, cuts, "Arrow/Parquet dataset")
+    catalogue.check()
+    return catalogue
+
+
+def _files(directory: str, extension: str) -> list[str]:
+    found = glob.glob(os.path.join(directory, "**", f"*.{extension}"), recursive=True)
+    return sorted(path for path in found if not os.path.basename(path).startswith("cache-"))
+
+
+def _arrow_rows(path: str) -> Iterator[tuple[SourceRecording, dict[str, Any]]]:
+    try:
+        buffer = pa.memory_map(path).read_buffer()
+        reader = _open_ipc(buffer)
+    except (OSError, pa.ArrowException) as exc:
+        raise SourceError(f"cannot read Arrow file: {exc}", where=path) from exc
+    start, end = buffer.address, buffer.address + buffer.size
+    row = 0
+    for batch in reader:
+        audio, paths = _audio_column(batch, path)
+        ids = _ids(batch, paths)
+        _, offsets_buffer, values = audio.buffers()
+        width = np.int64 if pa.types.is_large_binary(audio.type) else np.int32
+        offsets = np.frombuffer(offsets_buffer, dtype=width)[
+            audio.offset : audio.offset + len(audio) + 1
+        ]
+        if values is None or not start <= values.address < end:
+            raise SourceError(
+                "the audio bytes are not stored in place (compressed IPC?): pack it instead",
+                where=path,
+            )
+        missing = audio.is_null().to_numpy(zero_copy_only=False)
+        for number in range(len(audio)):
+            if missing[number]:
+                continue
+            where = f"{path}, row {row + number}"
+            offset = values.address - start + int(offsets[number])
+            recording = SourceRecording(
+                ids[number] or f"{os.path.basename(path)}-{row + number}",
+                path=os.path.abspath(path),
+                described_in=where,
+                offset_bytes=offset,
+                length_bytes=int(offsets[number + 1] - offsets[number]),
+            )
+            yield recording, _metadata(batch, number)
+        row += batch.num_rows
+
+
+def _open_ipc(buffer: pa.Buffer) -> Iterator[pa.RecordBatch]:
+    """The record batches of an Arrow IPC file or stream, zero-copy over ``buffer``."""
+    try:
+        reader = pa.ipc.open_file(buffer)
+    except pa.ArrowInvalid:
+        return iter(pa.ipc.open_stream(buffer))
+    return (reader.get_batch(number) for number in range(reader.num_record_batches))
+
+
+def _parquet_rows(path: str) -> Iterator[tuple[SourceRecording, dict[str, Any]]]:
+    """Rows of a Parquet file, reading every column but the audio bytes."""
+    try:
+        parquet = pq.ParquetFile(path)
+        audio_name = next((f.name for f in parquet.schema_arrow if _is_audio(f.type)), None)
+        if audio_name is None:
+            raise SourceError("no audio column (binary, or an Audio struct)", where=path)
+        others = [f.name for f in parquet.schema_arrow if f.name != audio_name]
+        audio_type = parquet.schema_arrow.field(audio_name).type
+        with_paths = (
+            isinstance(audio_type, pa.StructType) and audio_type.get_field_index("path") >= 0
+        )
+        row = 0
+        for group in range(parquet.num_row_groups):
+            table = parquet.read_row_group(group, columns=others)
+            paths: list[str | None] = [None] * table.num_rows
+            if with_paths:
+                column = parquet.read_row_group(group, columns=[f"{audio_name}.path"]).column(0)
+                column = column.combine_chunks()
+                if isinstance(column.type, pa.StructType):  # selected as audio: {path}
+                    column = column.field("path")
+                paths = column.to_pylist()
+            batch = table.combine_chunks().to_batches()
+            ids = _ids(batch[0], paths) if batch else paths
+            for number in range(table.num_rows):
+                recording = SourceRecording(
+                    ids[number] or f"{os.path.basename(path)}-{row + number}",
+                    path=os.path.abspath(path),
+                    described_in=f"{path}, row {row + number}",
+                    offset_bytes=group,
+                    length_bytes=number,
+                    parquet_column=audio_name,
+                )
+                yield recording, _metadata(batch[0], number) if batch else {}
+            row += table.num_rows
+    except (OSError, pa.ArrowException) as exc:
+        raise SourceError(f"cannot read Parquet file: {exc}", where=path) from exc
+
+
+def read_parquet_cell(path: str, column: str, group: int, row: int) -> bytes:
+    """The bytes of one row's audio, for recordings that are extracted on first use."""
+    try:
+        table = pq.ParquetFile(path).read_row_group(group, columns=[column])
+        cell = table.column(column).combine_chunks()
+        if isinstance(cell.type, pa.StructType):
+            cell = cell.field("bytes")
+        value = cell[row].as_py()
+    except (OSError, pa.ArrowException, IndexError, KeyError) as exc:
+        raise SourceError(f"cannot read row {row} of row group {group}: {exc}", where=path) from exc
+    if not isinstance(value, bytes):
+        raise SourceError(f"row {row} of row group {group} holds no audio bytes", where=path)
+    return value
+
+
+def _is_audio(data_type: pa.DataType) -> bool:
+    if pa.types.is_binary(data_type) or pa.types.is_large_binary(data_type):
+        return True
+    return isinstance(data_type, pa.StructType) and data_type.get_field_index("bytes") >= 0
+
+
+def _audio_column(batch: pa.RecordBatch, where: str) -> tuple[pa.Array, list[str | None]]:
+    names = [f.name for f in batch.schema if _is_audio(f.type)]
+    if not names:
+        raise SourceError("no audio column (binary, or an Audio struct)", where=where)
+    name = "audio" if "audio" in names else names[0]
+    column = batch.column(name)
+    paths: list[str | None] = [None] * len(column)
+    if isinstance(column.type, pa.StructType):
+        if column.type.get_field_index("path") >= 0:
+            paths = column.field("path").to_pylist()
+        column = column.field("bytes")
+    return column, paths
+
+
+def _ids(batch: pa.RecordBatch, paths: list[str | None]) -> list[str | None]:
+    for name in _ID_COLUMNS:
+        if name in batch.schema.names:
+            return [None if v is None else str(v) for v in batch.column(name).to_pylist()]
+    return [os.path.splitext(os.path.basename(p))[0] if p else None for p in paths]
+
+
+def _metadata(batch: pa.RecordBatch, row: int) -> dict[str, Any]:
+    metadata = {}
+    for field in batch.schema:
+        if _is_audio(field.type) or field.name in _ID_COLUMNS:
+            continue
+        if (
+            pa.types.is_string(field.type)
+            or pa.types.is_integer(field.type)
+            or pa.types.is_floating(field.type)
+        ):
+            metadata[field.name] = batch.column(field.name)[row].as_py()
+    return metadata
+
+
+def _segments(path: str) -> Iterator[SourceCut]:
+    if path.endswith(".jsonl"):
+        with open(path, encoding="utf-8") as lines:
+            rows = [json.loads(line) for line in lines if line.strip()]
+    else:
+        with open(path, encoding="utf-8", newline="") as table:
+            rows = list(csv.DictReader(table, delimiter="\t" if path.endswith(".tsv") else ","))
+    for number, row in enumerate(rows, start=1):
+        where = f"{path}:{number}"
+        try:
+            start, end = float(row["start"]), float(row["end"])
+            cut_id, recording = str(row["id"]), str(row["recording"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SourceError(
+                f"a segment needs id, recording, start and end: {exc}", where=where
+            ) from exc
+        if not 0 <= start < end:
+            raise SourceError(f"segment {cut_id!r} has start {start} and end {end}", where=where)
+        metadata = {k: v for k, v in row.items() if k not in ("id", "recording", "start", "end")}
+        yield SourceCut(
+            cut_id, recording, start, end - start, metadata=metadata, described_in=where
+        )

@@ -1,0 +1,184 @@
+"""Audio inside tar files, served as byte ranges of the tar: WebDataset and Lhotse Shar.
+
+Tar members are stored whole and uncompressed, so each audio member is a
+contiguous range of the tar (``TarInfo.offset_data``, ``size``): indexing the
+members once is all it takes, nothing is extracted.
+
+* WebDataset: members ``<key>.<ext>`` grouped by key (the name up to the first
+  dot of its last component); each key with an audio member is a recording
+  and a cut; ``<key>.json`` (an object) and ``<key>.txt`` give its metadata.
+* Lhotse Shar: ``cuts.NNNNNN.jsonl.gz`` beside ``recording.NNNNNN.tar``; each
+  cut's audio is the member named after the cut, and the cut's recording in
+  the manifest declares its rate and length.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import tarfile
+from typing import Any
+
+from codec.errors import SourceError
+from codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
+
+AUDIO_MEMBER_EXTENSIONS = frozenset(
+    {"wav", "flac", "mp3", "ogg", "oga", "opus", "m4a", "aac", "mp4", "webm", "mka", "sph"}
+)
+_SUPERVISION_FIELDS = ("text", "speaker", "language", "gender")
+
+
+def is_webdataset(path: str) -> bool:
+    """A ``.tar`` file, or a directory of them (and no Shar manifests)."""
+    if os.path.isfile(path):
+        return path.endswith(".tar")
+    return bool(_tars(path)) and not is_lhotse_shar(path)
+
+
+def is_lhotse_shar(path: str) -> bool:
+    return os.path.isdir(path) and bool(glob.glob(os.path.join(path, "cuts.*.jsonl*")))
+
+
+def read_webdataset(path: str) -> SourceCatalogue:
+    recordings: list[SourceRecording] = []
+    cuts: list[SourceCut] = []
+    for tar_path in [path] if os.path.isfile(path) else _tars(path):
+        samples: dict[str, dict[str, tarfile.TarInfo]] = {}
+        for member in _members(tar_path):
+            directory, _, name = member.name.rpartition("/")
+            stem, _, extension = name.partition(".")
+            key = f"{directory}/{stem}" if directory else stem
+            samples.setdefault(key, {})[extension.lower()] = member
+        for key, members in samples.items():
+            audio = next((m for ext, m in members.items() if ext in AUDIO_MEMBER_EXTENSIONS), None)
+            if audio is None:
+                continue
+            where = f"{tar_path}:{audio.name}"
+            recordings.append(
+                SourceRecording(
+                    key,
+                    path=os.path.abspath(tar_path),
+                    described_in=where,
+                    offset_bytes=audio.offset_data,
+                    length_bytes=audio.size,
+                )
+            )
+            metadata = _webdataset_metadata(tar_path, members)
+            cuts.append(SourceCut(key, key, metadata=metadata, described_in=where))
+    catalogue = SourceCatalogue(recordings, cuts, "WebDataset tars")
+    catalogue.check()
+    return catalogue
+
+
+def read_lhotse_shar(directory: str) -> SourceCatalogue:
+    recordings: list[SourceRecording] = []
+    cuts: list[SourceCut] = []
+    for manifest in sorted(glob.glob(os.path.join(directory, "cuts.*.jsonl*"))):
+        shard = os.path.basename(manifest).split(".")[1]
+        tar_path = os.path.join(directory, f"recording.{shard}.tar")
+        if not os.path.isfile(tar_path):
+            raise SourceError(f"no recording.{shard}.tar beside it", where=manifest)
+        members: dict[str, tarfile.TarInfo] = {}
+        for member in _members(tar_path):
+            stem, _, extension = member.name.rpartition(".")
+            if extension.lower() in AUDIO_MEMBER_EXTENSIONS:
+                members[stem] = member
+        for number, item in enumerate(_jsonl(manifest), start=1):
+            where = f"{manifest}:{number}"
+            cut_id = str(item.get("id"))
+            audio = members.get(cut_id)
+            if audio is None:
+                raise SourceError(f"cut {cut_id!r} has no audio in {tar_path}", where=where)
+            recording = item.get("recording") or {}
+            recordings.append(
+                SourceRecording(
+                    cut_id,
+                    path=os.path.abspath(tar_path),
+                    described_in=where,
+                    offset_bytes=audio.offset_data,
+                    length_bytes=audio.size,
+                    declared=_declared(recording),
+                )
+            )
+            cuts.append(
+                SourceCut(
+                    cut_id,
+                    cut_id,
+                    start_seconds=float(item.get("start", 0.0)),
+                    duration_seconds=float(item["duration"]) if "duration" in item else None,
+                    metadata=_shar_metadata(item),
+                    described_in=where,
+                )
+            )
+    catalogue = SourceCatalogue(recordings, cuts, "Lhotse Shar")
+    catalogue.check()
+    return catalogue
+
+
+def _tars(directory: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(directory, "**", "*.tar"), recursive=True))
+
+
+def _members(tar_path: str) -> list[tarfile.TarInfo]:
+    try:
+        with tarfile.open(tar_path, "r:") as archive:  # "r:": compressed tars cannot be sliced
+            return [member for member in archive.getmembers() if member.isfile()]
+    except (OSError, tarfile.TarError) as exc:
+        raise SourceError(
+            f"cannot read the tar (uncompressed tars only): {exc}", where=tar_path
+        ) from exc
+
+
+def _webdataset_metadata(tar_path: str, members: dict[str, tarfile.TarInfo]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {}
+    with open(tar_path, "rb") as tar_file:
+        for extension, key in (("json", None), ("txt", "text")):
+            member = members.get(extension)
+            if member is None or member.size > 1 << 20:
+                continue
+            tar_file.seek(member.offset_data)
+            text = tar_file.read(member.size).decode("utf-8", "replace")
+            if key is not None:
+                metadata[key] = text.strip()
+                continue
+            try:
+                loaded = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(loaded, dict):
+                metadata.update({k: v for k, v in loaded.items() if _is_plain(v)})
+    return metadata
+
+
+def _shar_metadata(item: dict[str, Any]) -> dict[str, Any]:
+    supervisions = [sup for sup in item.get("supervisions") or [] if isinstance(sup, dict)]
+    metadata: dict[str, Any] = {"supervisions": supervisions}
+    if len(supervisions) == 1:
+        metadata.update(
+            {k: supervisions[0][k] for k in _SUPERVISION_FIELDS if k in supervisions[0]}
+        )
+    return metadata
+
+
+def _declared(recording: dict[str, Any]) -> DeclaredAudio | None:
+    rate, frames = recording.get("sampling_rate"), recording.get("num_samples")
+    if not isinstance(rate, int) or not isinstance(frames, int):
+        return None
+    channel_ids = recording.get("channel_ids")
+    channels = len(channel_ids) if isinstance(channel_ids, list) and channel_ids else 1
+    return DeclaredAudio(rate, channels, frames)
+
+
+def _jsonl(path: str) -> list[dict[str, Any]]:
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as lines:
+            return [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"cannot read manifest: {exc}", where=path) from exc
+
+
+def _is_plain(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool) or value is None

@@ -1,0 +1,140 @@
+"""The mount's manifests, time ranges made on lookup, and windows, read through real mounts."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import CUTFS, Reference, cut_path, cut_plan, expected_cut, mounted, needs_fuse
+from corpus import wav_header
+
+from vfs.path_escape import escape_id
+
+pytestmark = [pytest.mark.mount, needs_fuse]
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as opened:
+        return opened.read()
+
+
+def samples_of(wav: bytes) -> np.ndarray:
+    return np.frombuffer(wav[44:], dtype="<i2")
+
+
+def test_kaldi_files_describe_the_cut_files(mount: str, references: dict[str, Reference]) -> None:
+    cuts = {str(cut["id"]): cut for cut in cut_plan(references)}
+    scp = dict(line.split(" ", 1) for line in read(f"{mount}/wav.scp").decode().splitlines())
+    segments = [line.split(" ") for line in read(f"{mount}/segments").decode().splitlines()]
+    keys = [fields[0] for fields in segments]
+    assert keys == sorted(keys, key=lambda key: key.encode()) == sorted(scp, key=str.encode)
+    for key, recording, start, end in segments:
+        assert recording == key and start == "0.000"
+        if key in cuts:  # ids with whitespace are percent-encoded keys
+            samples, rate = expected_cut(cuts[key], references)
+            assert round(float(end) * rate) == len(samples)
+            assert os.stat(scp[key]).st_size == 44 + 2 * len(samples)
+    text = dict(line.split(" ", 1) for line in read(f"{mount}/text").decode().splitlines())
+    assert set(text.values()) == {"hello world"} and set(text) == set(scp)
+    utt2spk = read(f"{mount}/utt2spk").decode().splitlines()
+    assert {line.split(" ", 1)[1] for line in utt2spk} == {"spk1"}
+    spk2utt = read(f"{mount}/spk2utt").decode().split()
+    assert spk2utt[0] == "spk1" and sorted(spk2utt[1:]) == sorted(scp)
+
+
+def test_lhotse_manifest_points_at_the_cut_files(
+    mount: str, references: dict[str, Reference]
+) -> None:
+    cuts = {str(cut["id"]): cut for cut in cut_plan(references)}
+    lines = gzip.decompress(read(f"{mount}/cuts.jsonl.gz")).decode().splitlines()
+    assert len(lines) == len(cuts)
+    for line in lines:
+        item = json.loads(line)
+        recording = item["recording"]
+        samples, rate = expected_cut(cuts[item["id"]], references)
+        assert (recording["num_samples"], recording["sampling_rate"]) == (len(samples), rate)
+        assert round(item["duration"] * rate) == len(samples)
+        path = recording["sources"][0]["source"]
+        assert path == cut_path(mount, item["id"])
+        assert os.stat(path).st_size == 44 + 2 * len(samples)
+        supervision = item["supervisions"][0]
+        assert (supervision["text"], supervision["speaker"]) == ("hello world", "spk1")
+        assert supervision["start"] == 0.0
+
+
+def test_audiofolder_metadata_lists_every_cut(mount: str, references: dict[str, Reference]) -> None:
+    rows = [json.loads(line) for line in read(f"{mount}/cuts/metadata.jsonl").splitlines()]
+    assert len(rows) == len(cut_plan(references))
+    for row in rows:
+        assert os.path.isfile(os.path.join(mount, "cuts", row["file_name"]))
+        assert row["text"] == "hello world" and row["speaker"] == "spk1"
+
+
+def test_any_time_range_resolves_on_lookup(mount: str, references: dict[str, Reference]) -> None:
+    flac = references["flac_mono_16k.flac"]
+    path = os.path.join(mount, "recordings", "flac_mono_16k", "1.25-3.5.wav")
+    data = read(path)
+    assert data[:44] == wav_header(16000, 1, 36000)
+    assert np.array_equal(samples_of(data), flac.samples[20000:56000, 0])
+    opus = references["opus_stereo_48k.opus"]
+    data = read(os.path.join(mount, "recordings", "opus_stereo_48k", "29-30.wav"))
+    expected = opus.samples[29 * 48000 : 30 * 48000].reshape(-1)
+    assert np.abs(samples_of(data).astype(int) - expected).max() <= 1
+    listed = os.listdir(os.path.join(mount, "recordings"))
+    assert "flac_mono_16k" not in listed and "flac_mono_16k.wav" in listed
+    for bad in ("3.5-1.25.wav", "0-31.wav", "1-2.flac", "a-b.wav", "2-2.wav"):
+        with pytest.raises(OSError) as raised:
+            os.stat(os.path.join(mount, "recordings", "flac_mono_16k", bad))
+        assert raised.value.errno == errno.ENOENT
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(mount, "recordings", "no_such_recording", "0-1.wav"))
+
+
+def test_windows_cover_each_recording_with_overlap(
+    tmp_path: Path, shard_dir: str, references: dict[str, Reference]
+) -> None:
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--window", "10", "--overlap", "2") as mnt:
+        names = os.listdir(os.path.join(mnt, "windows", "flac_mono_16k"))
+        assert sorted(names, key=lambda n: float(n.split("-")[0])) == [
+            "0-10.wav",
+            "8-18.wav",
+            "16-26.wav",
+            "24-30.wav",
+        ]
+        flac = references["flac_mono_16k.flac"].samples[:, 0]
+        for name in names:
+            start, end = (round(float(t) * 16000) for t in name.removesuffix(".wav").split("-"))
+            data = read(os.path.join(mnt, "windows", "flac_mono_16k", name))
+            assert np.array_equal(samples_of(data), flac[start:end])
+        stereo = references["flac_s24_stereo_48k.flac"].samples
+        data = read(os.path.join(mnt, "windows", "flac_s24_stereo_48k", "8-18.wav"))
+        assert data[:44] == wav_header(48000, 2, 480000)
+        assert np.array_equal(samples_of(data), stereo[8 * 48000 : 18 * 48000].reshape(-1))
+        recordings = os.listdir(os.path.join(mnt, "recordings"))
+        windows = os.listdir(os.path.join(mnt, "windows"))
+        assert sorted(windows) == sorted(name.removesuffix(".wav") for name in recordings)
+
+
+def test_bad_window_options_are_refused(tmp_path: Path, shard_dir: str) -> None:
+    result = subprocess.run(
+        [*CUTFS, "mount", "--window", "5", "--overlap", "5", shard_dir, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "overlap" in result.stderr
+
+
+def test_ids_with_slashes_have_range_directories(mount: str) -> None:
+    # A recording id with "/" is not in the test corpus; cut ids are, and they make
+    # directories under cuts/ that must not be mistaken for range directories.
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(mount, "cuts", "spk1", "sess2", "utt3", "0-1.wav"))
+    assert os.path.isfile(os.path.join(mount, "cuts", escape_id("spk1/sess2/utt3")))

@@ -1,0 +1,209 @@
+"""The manifests at a mount's root, in the formats users' tools read.
+
+* ``wav.scp``, ``segments``, ``text``, ``utt2spk``, ``spk2utt``: a Kaldi data
+  directory whose recordings are the cut files (each segment spans its whole
+  file); ``text`` and the speaker maps exist only where cuts carry that
+  metadata.  Lines are sorted by key, as Kaldi's tools require.
+* ``cuts.jsonl.gz``: a Lhotse cuts manifest whose recordings are the cut
+  files, so ``CutSet.from_file`` and ``cut.load_audio()`` work unchanged; the
+  declared sample counts are the files' exact lengths.
+* ``cuts/metadata.jsonl``: HuggingFace ``audiofolder`` metadata (``file_name``
+  relative to ``cuts/``, plus text, speaker and the other supervision fields).
+
+Files that need every cut's length (``segments``, ``cuts.jsonl.gz``) are
+rendered once all recordings are indexed; the others need only the catalogue.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, Final
+
+from codec.errors import CutfsError
+from codec.library import Library
+
+log = logging.getLogger("cutfs.manifest_files")
+
+WAV_SCP: Final = "wav.scp"
+SEGMENTS: Final = "segments"
+TEXT: Final = "text"
+UTT2SPK: Final = "utt2spk"
+SPK2UTT: Final = "spk2utt"
+LHOTSE_CUTS: Final = "cuts.jsonl.gz"
+AUDIOFOLDER_METADATA: Final = "metadata.jsonl"
+#: Root files whose content needs the exact length of every cut.
+NEEDS_LENGTHS: Final = frozenset({SEGMENTS, LHOTSE_CUTS})
+_SUPERVISION_FIELDS: Final = ("text", "speaker", "language", "gender")
+
+
+class ManifestFiles:
+    """Renders the root manifests of one mount (see the module docstring)."""
+
+    def __init__(self, library: Library, cut_paths: dict[int, str], cuts_directory: str) -> None:
+        """``cut_paths`` are the cut files' paths relative to ``cuts_directory`` (absolute)."""
+        self._library = library
+        self._cut_paths = cut_paths
+        self._cuts_directory = cuts_directory
+        self._has_text = library.metadata_mentions('"text"')
+        self._has_speaker = library.metadata_mentions('"speaker"')
+
+    def root_names(self) -> list[str]:
+        """The root manifests this mount has, in listing order."""
+        names = [WAV_SCP, SEGMENTS, LHOTSE_CUTS]
+        if self._has_text:
+            names.append(TEXT)
+        if self._has_speaker:
+            names += [UTT2SPK, SPK2UTT]
+        return names
+
+    def render(self, name: str) -> bytes:
+        """The content of a root manifest or of ``cuts/metadata.jsonl``."""
+        renderers: dict[str, Callable[[], bytes]] = {
+            WAV_SCP: self._wav_scp,
+            SEGMENTS: self._segments,
+            TEXT: lambda: self._kaldi_map("text"),
+            UTT2SPK: lambda: self._kaldi_map("speaker"),
+            SPK2UTT: self._spk2utt,
+            LHOTSE_CUTS: self._lhotse_cuts,
+            AUDIOFOLDER_METADATA: self._audiofolder,
+        }
+        return renderers[name]()
+
+    # -- Kaldi ------------------------------------------------------------------------------
+
+    def _keys(self) -> list[tuple[str, int]]:
+        keys = [(kaldi_key(cut_id), index) for index, cut_id in enumerate(self._library.cut_ids)]
+        keys.sort(key=lambda pair: pair[0].encode("utf-8", "surrogateescape"))
+        return keys
+
+    def _wav_scp(self) -> bytes:
+        return _lines(f"{key} {self._cut_file(index)}" for key, index in self._keys())
+
+    def _segments(self) -> bytes:
+        lines = []
+        for key, index in self._keys():
+            found = self._cut_frames(index)
+            if found is None:
+                continue
+            frames, rate, _ = found
+            lines.append(f"{key} {key} 0.000 {frames / rate:.6f}")
+        return _lines(lines)
+
+    def _kaldi_map(self, field: str) -> bytes:
+        lines = []
+        for key, index in self._keys():
+            value = self._library.cut_metadata(index).get(field)
+            if isinstance(value, str) and value:
+                lines.append(f"{key} {' '.join(value.split())}")
+        return _lines(lines)
+
+    def _spk2utt(self) -> bytes:
+        speakers: dict[str, list[str]] = {}
+        for key, index in self._keys():
+            speaker = self._library.cut_metadata(index).get("speaker")
+            if isinstance(speaker, str) and speaker:
+                speakers.setdefault(kaldi_key(speaker), []).append(key)
+        return _lines(f"{speaker} {' '.join(keys)}" for speaker, keys in sorted(speakers.items()))
+
+    # -- Lhotse and HuggingFace -------------------------------------------------------------
+
+    def _lhotse_cuts(self) -> bytes:
+        lines = []
+        for index, cut_id in enumerate(self._library.cut_ids):
+            cut = self._lhotse_cut(index, cut_id)
+            if cut is not None:
+                lines.append(json.dumps(cut, ensure_ascii=False))
+        return gzip.compress(_lines(lines), mtime=0)
+
+    def _lhotse_cut(self, index: int, cut_id: str) -> dict[str, Any] | None:
+        found = self._cut_frames(index)
+        if found is None:
+            return None
+        frames, rate, channels = found
+        duration = frames / rate
+        channel_ids = list(range(channels))
+        metadata = self._library.cut_metadata(index)
+        cut: dict[str, Any] = {
+            "id": cut_id,
+            "start": 0.0,
+            "duration": duration,
+            "channel": 0 if channels == 1 else channel_ids,
+            "supervisions": _supervisions(cut_id, metadata, duration),
+            "recording": {
+                "id": cut_id,
+                "sources": [
+                    {"type": "file", "channels": channel_ids, "source": self._cut_file(index)}
+                ],
+                "sampling_rate": rate,
+                "num_samples": frames,
+                "duration": duration,
+                "channel_ids": channel_ids,
+            },
+            "type": "MonoCut" if channels == 1 else "MultiCut",
+        }
+        if isinstance(metadata.get("custom"), dict):
+            cut["custom"] = metadata["custom"]
+        return cut
+
+    def _audiofolder(self) -> bytes:
+        lines = []
+        for index in range(self._library.num_cuts):
+            metadata = self._library.cut_metadata(index)
+            row: dict[str, Any] = {"file_name": self._cut_paths[index]}
+            row.update({k: metadata.get(k) for k in _SUPERVISION_FIELDS if k in metadata})
+            lines.append(json.dumps(row, ensure_ascii=False))
+        return _lines(lines)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _cut_file(self, index: int) -> str:
+        return os.path.join(self._cuts_directory, self._cut_paths[index])
+
+    def _cut_frames(self, index: int) -> tuple[int, int, int] | None:
+        """(frames, rate, channels) of a cut file, or ``None`` for a cut that cannot be
+        served (it is left out, with a log line); every recording must be indexed."""
+        try:
+            cut = self._library.cut(index)
+        except CutfsError as exc:
+            log.warning("%s: left out of the manifests: %s", self._library.cut_ids[index], exc)
+            return None
+        assert cut is not None, "rendering lengths before the recordings are indexed"
+        shape = self._library.shape(cut.recording_index)
+        assert shape is not None
+        return cut.num_frames, shape.sample_rate, len(cut.channels) or shape.channels
+
+
+def kaldi_key(identifier: str) -> str:
+    """An id as a Kaldi key: whitespace (which would split the line) is percent-encoded."""
+    if identifier and not any(character.isspace() for character in identifier):
+        return identifier
+    encoded = (f"%{ord(c):02X}" if c.isspace() or c == "%" else c for c in identifier)
+    return "".join(encoded) or "%"
+
+
+def _supervisions(cut_id: str, metadata: dict[str, Any], duration: float) -> list[dict[str, Any]]:
+    """The cut's supervisions with times relative to the cut file, as Lhotse writes them."""
+    found = metadata.get("supervisions")
+    items = [item for item in found if isinstance(item, dict)] if isinstance(found, list) else []
+    if not items and any(key in metadata for key in _SUPERVISION_FIELDS):
+        items = [{key: metadata[key] for key in _SUPERVISION_FIELDS if key in metadata}]
+    supervisions = []
+    for number, item in enumerate(items):
+        supervision = {
+            "id": str(item.get("id", f"{cut_id}-{number}")),
+            "recording_id": cut_id,
+            "start": float(item.get("start", 0.0)),
+            "duration": float(item.get("duration", duration)),
+            "channel": 0,
+        }
+        supervision.update({k: item[k] for k in (*_SUPERVISION_FIELDS, "custom") if k in item})
+        supervisions.append(supervision)
+    return supervisions
+
+
+def _lines(lines: Any) -> bytes:
+    return "".join(f"{line}\n" for line in lines).encode("utf-8", "surrogateescape")
