@@ -21,7 +21,11 @@ from __future__ import annotations
 
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
+
+from codec.errors import ShardFormatError
 
 FORMAT_NAME: Final = "cutfs-shards"
 FORMAT_VERSION: Final = 1
@@ -72,3 +76,16 @@ CUTS_SCHEMA: Final = pa.schema(
         ("metadata", pa.string()),
     ]
 )
+
+
+def read_table(path: str) -> pa.Table:
+    """A whole Arrow IPC file into memory (tables are small); ShardFormatError if unreadable."""
+    try:
+        with pa.OSFile(path, "rb") as source:
+            return pa.ipc.open_file(source).read_all()
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardFormatError(f"cannot read table: {exc}", where=path) from exc
+
+
+def int_column(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
+    return np.asarray(table.column(name).to_numpy(), dtype=np.int64)

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from codec.cut import Cut
+from codec.cut_table import CutTable
 from codec.decoder import DecodeTrace, decode_frames
 from codec.errors import ShardFormatError
 from codec.library import AudioShape
@@ -27,6 +27,8 @@ from codec.shard_format import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     RECORDINGS_FILE,
+    int_column,
+    read_table,
 )
 from codec.storage import LocalStorage, Storage
 
@@ -48,7 +50,7 @@ class ShardSet:
         self.storage: Storage = storage or LocalStorage(directory)
         self.manifest = _read_manifest(directory)
         self._shard_names = [str(shard["file"]) for shard in self.manifest["shards"]]
-        recordings = _read_table(directory, RECORDINGS_FILE)
+        recordings = read_table(os.path.join(directory, RECORDINGS_FILE))
         self._blob_places = list(
             zip(
                 recordings.column("shard").to_pylist(),
@@ -60,15 +62,12 @@ class ShardSet:
         self.recordings = [recording_from_row(row) for row in recordings.to_pylist()]
         self._recording_ids = [recording.recording_id for recording in self.recordings]
         self.recording_sources: list[str] = recordings.column("source").to_pylist()
-        cuts = _read_table(directory, CUTS_FILE) if load_cuts else _empty_cuts()
-        self.cut_ids: list[str] = cuts.column("cut_id").to_pylist()
-        self.cut_recordings: npt.NDArray[np.int64] = _int_column(cuts, "recording")
-        self.cut_start_frames: npt.NDArray[np.int64] = _int_column(cuts, "start_frame")
-        self.cut_num_frames: npt.NDArray[np.int64] = _int_column(cuts, "num_frames")
-        channels = cuts.column("channels").combine_chunks()
-        self._channel_offsets = np.asarray(channels.offsets, dtype=np.int64)
-        self._channel_values = np.asarray(channels.flatten(), dtype=np.int64)
-        self._cut_metadata = cuts.column("metadata")
+        cuts = read_table(os.path.join(directory, CUTS_FILE)) if load_cuts else _empty_cuts()
+        self._cuts = CutTable(cuts)
+        self.cut_ids = self._cuts.ids
+        self.cut_recordings = self._cuts.recordings
+        self.cut_start_frames: npt.NDArray[np.int64] = int_column(cuts, "start_frame")
+        self.cut_num_frames: npt.NDArray[np.int64] = int_column(cuts, "num_frames")
         self._readers: dict[int, tuple[memoryview, Any]] = {}
         self._blobs: dict[int, tuple[int, int, int]] = {}
         self._check()
@@ -116,13 +115,10 @@ class ShardSet:
         return int(self.cut_recordings[index])
 
     def metadata_mentions(self, text: str) -> bool:
-        """Whether any cut's metadata JSON contains ``text`` (vectorised: no parsing)."""
-        matches = pc.match_substring(self._cut_metadata, text)
-        return bool(pc.any(matches).as_py())
+        return self._cuts.metadata_mentions(text)
 
     def cut_metadata(self, index: int) -> dict[str, Any]:
-        metadata = json.loads(str(self._cut_metadata[index].as_py()))
-        return metadata if isinstance(metadata, dict) else {}
+        return self._cuts.metadata(index)
 
     def cut(self, index: int) -> Cut:
         """The cut at ``index`` of the cuts table."""
@@ -132,15 +128,12 @@ class ShardSet:
             start_frame=int(self.cut_start_frames[index]),
             num_frames=int(self.cut_num_frames[index]),
             channels=self.cut_channels(index),
-            metadata_json=str(self._cut_metadata[index].as_py()),
+            metadata_json=self._cuts.metadata_json(index),
         )
 
     def cut_channels(self, index: int) -> tuple[int, ...]:
         """The recording channels a cut carries; empty for all of them."""
-        start, end = self._channel_offsets[index], self._channel_offsets[index + 1]
-        if start == end:
-            return ()
-        return tuple(int(channel) for channel in self._channel_values[start:end])
+        return self._cuts.channels(index)
 
     def blob(self, recording_index: int) -> memoryview:
         """The stored bytes of a recording, as a view of the mapped shard (no copy)."""
@@ -287,19 +280,6 @@ def _read_manifest(directory: str) -> dict[str, Any]:
     if not isinstance(manifest.get("shards"), list):
         raise ShardFormatError("the manifest lists no shards", where=path)
     return manifest
-
-
-def _read_table(directory: str, name: str) -> pa.Table:
-    path = os.path.join(directory, name)
-    try:
-        with pa.OSFile(path, "rb") as source:  # tables are small: read them into memory
-            return pa.ipc.open_file(source).read_all()
-    except (OSError, pa.ArrowException) as exc:
-        raise ShardFormatError(f"cannot read table: {exc}", where=path) from exc
-
-
-def _int_column(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
-    return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
 
 
 def recording_from_row(row: dict[str, Any]) -> Recording:

@@ -41,18 +41,17 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from codec.cut import Cut, seconds_to_frames
+from codec.cut_table import CutTable
 from codec.decoder import DecodeTrace, decode_frames
 from codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
 from codec.library import AudioShape
 from codec.pcm import Int16Array
 from codec.recording import Recording
 from codec.recording_indexer import index_recording
-from codec.shard_format import RECORDINGS_SCHEMA
+from codec.shard_format import RECORDINGS_SCHEMA, int_column, read_table
 from codec.shard_set import recording_from_row
 from codec.shard_writer import recording_row
 from codec.sources import SourceCatalogue, read_source
@@ -157,29 +156,25 @@ class SourceIndex:
             raise ShardFormatError("not a current cutfs source index", where=directory)
         self.info = info
         self.storage: Storage = storage or LocalStorage("/")
-        recordings = _read_table(os.path.join(directory, _RECORDINGS))
+        recordings = read_table(os.path.join(directory, _RECORDINGS))
         self._recording_ids: list[str] = recordings.column("recording_id").to_pylist()
         self._paths: list[str | None] = recordings.column("path").to_pylist()
         self._commands: list[str | None] = recordings.column("command").to_pylist()
-        self._offsets = _ints(recordings, "offset_bytes")
-        self._lengths = _ints(recordings, "length_bytes")
-        self._declared_rates = _ints(recordings, "declared_rate")
-        self._declared_channels = _ints(recordings, "declared_channels")
-        self._declared_frames = _ints(recordings, "declared_frames")
+        self._offsets = int_column(recordings, "offset_bytes")
+        self._lengths = int_column(recordings, "length_bytes")
+        self._declared_rates = int_column(recordings, "declared_rate")
+        self._declared_channels = int_column(recordings, "declared_channels")
+        self._declared_frames = int_column(recordings, "declared_frames")
         self._described_in: list[str] = recordings.column("described_in").to_pylist()
         self._parquet_columns: list[str | None] = recordings.column("parquet_column").to_pylist()
-        cuts = _read_table(os.path.join(directory, _CUTS)) if load_cuts else None
+        cuts = read_table(os.path.join(directory, _CUTS)) if load_cuts else None
         cuts = cuts if cuts is not None else _CATALOGUE_CUTS.empty_table()
-        self._cut_ids: list[str] = cuts.column("cut_id").to_pylist()
-        self._cut_recordings = _ints(cuts, "recording")
+        self._cuts_table = CutTable(cuts)
+        self._cut_recordings = self._cuts_table.recordings
         self._cut_starts = np.asarray(cuts.column("start_seconds").to_numpy(), dtype=np.float64)
         self._cut_durations = np.asarray(
             cuts.column("duration_seconds").to_numpy(), dtype=np.float64
         )
-        channels = cuts.column("channels").combine_chunks()
-        self._channel_offsets = np.asarray(channels.offsets, dtype=np.int64)
-        self._channel_values = np.asarray(channels.flatten(), dtype=np.int64)
-        self._cut_metadata = cuts.column("metadata")
         self._plans: dict[int, Recording] = {}
         self._blobs: dict[int, tuple[str, int, int]] = {}
         self._cuts: dict[int, Cut] = {}
@@ -209,11 +204,11 @@ class SourceIndex:
 
     @property
     def cut_ids(self) -> Sequence[str]:
-        return self._cut_ids
+        return self._cuts_table.ids
 
     @property
     def num_cuts(self) -> int:
-        return len(self._cut_ids)
+        return len(self._cuts_table.ids)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -230,13 +225,10 @@ class SourceIndex:
         return int(self._cut_recordings[index])
 
     def metadata_mentions(self, text: str) -> bool:
-        """Whether any cut's metadata JSON contains ``text`` (vectorised: no parsing)."""
-        matches = pc.match_substring(self._cut_metadata, text)
-        return bool(pc.any(matches).as_py())
+        return self._cuts_table.metadata_mentions(text)
 
     def cut_metadata(self, index: int) -> dict[str, Any]:
-        metadata = json.loads(str(self._cut_metadata[index].as_py()))
-        return metadata if isinstance(metadata, dict) else {}
+        return self._cuts_table.metadata(index)
 
     def declared(self, recording_index: int) -> AudioShape | None:
         rate = int(self._declared_rates[recording_index])
@@ -272,7 +264,7 @@ class SourceIndex:
         return cut
 
     def _frame_cut(self, index: int, recording_index: int, shape: AudioShape) -> Cut:
-        cut_id = self._cut_ids[index]
+        cut_id = self._cuts_table.ids[index]
         start = seconds_to_frames(float(self._cut_starts[index]), shape.sample_rate)
         duration = float(self._cut_durations[index])
         if math.isnan(duration):
@@ -287,7 +279,7 @@ class SourceIndex:
                 f"{shape.sample_rate} Hz)",
                 where=where,
             )
-        channels = self._channels(index)
+        channels = self._cuts_table.channels(index)
         if any(channel >= shape.channels for channel in channels):
             raise ManifestMismatchError(
                 f"cut {cut_id!r} asks for channels {list(channels)} of a recording with "
@@ -297,10 +289,6 @@ class SourceIndex:
         if channels == tuple(range(shape.channels)):
             channels = ()
         return Cut(cut_id, recording_index, start, length, channels)
-
-    def _channels(self, index: int) -> tuple[int, ...]:
-        start, end = self._channel_offsets[index], self._channel_offsets[index + 1]
-        return tuple(int(channel) for channel in self._channel_values[start:end])
 
     def _tolerance_frames(self, recording_index: int) -> int:
         declared = self.declared(recording_index)
@@ -377,7 +365,7 @@ class SourceIndex:
 
     def _load_plan(self, plan_path: str, recording_index: int) -> Recording | None:
         try:
-            row = _read_table(plan_path).to_pylist()[0]
+            row = read_table(plan_path).to_pylist()[0]
         except (ShardFormatError, IndexError):
             return None  # not computed yet, or unreadable: compute it again
         recording = recording_from_row(row)
@@ -568,14 +556,6 @@ def _read_index_file(directory: str) -> dict[str, Any] | None:
     return info
 
 
-def _read_table(path: str) -> pa.Table:
-    try:
-        with pa.OSFile(path, "rb") as source:
-            return pa.ipc.open_file(source).read_all()
-    except (OSError, pa.ArrowException) as exc:
-        raise ShardFormatError(f"cannot read table: {exc}", where=path) from exc
-
-
 def _write_table(path: str, table: pa.Table) -> None:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
@@ -594,10 +574,6 @@ def _write_atomically(path: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(partial)
         raise
-
-
-def _ints(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
-    return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
 
 
 __all__ = [
