@@ -1,10 +1,11 @@
 """The byte layout of the WAV files cutfs serves.
 
 Every virtual file is a canonical 44-byte RIFF/WAVE header followed by
-16-bit little-endian PCM, interleaved by frame.  Its size is known from the
-frame count alone, so it is exact before anything is decoded::
+16-bit little-endian PCM (or, with ``float32``, 32-bit IEEE float, format tag
+3), interleaved by frame.  Its size is known from the frame count alone, so
+it is exact before anything is decoded::
 
-    size_bytes = 44 + num_frames * channels * 2
+    size_bytes = 44 + num_frames * channels * 2   (4 for float32)
 
 RIFF sizes are 32-bit.  A file whose data exceeds what they can express
 (4 GiB, for example 38 hours of 16 kHz mono) carries 0xFFFFFFFF in both
@@ -21,6 +22,7 @@ HEADER_BYTES = 44
 SAMPLE_BYTES = 2
 _MAX_RIFF_SIZE = 0xFFFFFFFF
 _FORMAT_PCM = 1
+_FORMAT_IEEE_FLOAT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +32,16 @@ class WavLayout:
     sample_rate: int
     channels: int
     num_frames: int
+    float32: bool = False
+
+    @property
+    def sample_bytes(self) -> int:
+        return 4 if self.float32 else SAMPLE_BYTES
 
     @property
     def frame_bytes(self) -> int:
-        """Bytes per frame: one 16-bit sample per channel."""
-        return self.channels * SAMPLE_BYTES
+        """Bytes per frame: one sample per channel."""
+        return self.channels * self.sample_bytes
 
     @property
     def data_bytes(self) -> int:
@@ -56,12 +63,12 @@ class WavLayout:
             b"WAVE",
             b"fmt ",
             16,  # fmt chunk size
-            _FORMAT_PCM,
+            _FORMAT_IEEE_FLOAT if self.float32 else _FORMAT_PCM,
             self.channels,
             self.sample_rate,
             self.sample_rate * self.frame_bytes,  # byte rate
             self.frame_bytes,  # block align
-            SAMPLE_BYTES * 8,  # bits per sample
+            self.sample_bytes * 8,  # bits per sample
             b"data",
             data_size,
         )

@@ -8,11 +8,12 @@ import wave
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from codec.cut import seconds_to_frames
 from codec.pcm import packed_to_s16
+from codec.resampler import Resampler
 from codec.riff import parse_riff_wave
 from codec.seek_index import SeekIndex
 from codec.wav_layout import HEADER_BYTES, WavLayout
@@ -170,3 +171,25 @@ def test_riff_parser_finds_data_after_other_chunks() -> None:
     assert wave_info is not None
     assert (wave_info.num_frames, wave_info.sample_format) == (5, "s16")
     assert parse_riff_wave(memoryview(b"RIFF\0\0\0\0WAVEjunk")) is None
+
+
+_RATES = st.sampled_from([8000, 16000, 22050, 24000, 44100, 48000])
+
+
+@settings(max_examples=40, deadline=None)
+@given(_RATES, _RATES, st.data())
+def test_any_slice_of_a_resampled_signal_equals_resample_poly(
+    source_rate: int, target_rate: int, data: st.DataObject
+) -> None:
+    from scipy.signal import resample_poly  # noqa: PLC0415 - the independent reference
+
+    resampler = Resampler(source_rate, target_rate)
+    signal = np.random.default_rng(source_rate + target_rate).normal(size=(3001, 2)) * 1000
+    expected = resample_poly(signal, resampler.up, resampler.down, axis=0)
+    total = resampler.output_frames(len(signal))
+    assert total == len(expected)
+    first = data.draw(st.integers(0, total - 1))
+    end = data.draw(st.integers(first + 1, total))
+    low, high = resampler.input_span(first, end, len(signal))
+    actual = resampler.resample(signal[low:high], low, first, end)
+    assert np.abs(actual - expected[first:end]).max() < 1e-6

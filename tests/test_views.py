@@ -138,3 +138,68 @@ def test_ids_with_slashes_have_range_directories(mount: str) -> None:
     with pytest.raises(FileNotFoundError):
         os.stat(os.path.join(mount, "cuts", "spk1", "sess2", "utt3", "0-1.wav"))
     assert os.path.isfile(os.path.join(mount, "cuts", escape_id("spk1/sess2/utt3")))
+
+
+# -- output formats -------------------------------------------------------------------------
+
+
+def resampled(reference: Reference, rate: int) -> np.ndarray:
+    """scipy's resample_poly of ffmpeg's full decode, rounded to 16 bits (the reference)."""
+    from math import gcd  # noqa: PLC0415
+
+    from scipy.signal import resample_poly  # noqa: PLC0415
+
+    divisor = gcd(reference.rate, rate)
+    full = resample_poly(
+        reference.samples.astype(np.float64), rate // divisor, reference.rate // divisor, axis=0
+    )
+    return np.clip(np.rint(full), -32768, 32767).astype(np.int16)
+
+
+def assert_within(actual: np.ndarray, expected: np.ndarray, lsb: int) -> None:
+    assert actual.shape == expected.shape
+    assert int(np.abs(actual.astype(np.int32) - expected.astype(np.int32)).max()) <= lsb
+
+
+def test_resampled_files_equal_the_resampled_recording(
+    tmp_path: Path, shard_dir: str, references: dict[str, Reference]
+) -> None:
+    stereo = references["flac_s24_stereo_48k.flac"]
+    mp3 = references["mp3_noxing_mono_22k.mp3"]
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--sample-rate", "16000") as mnt:
+        whole = resampled(stereo, 16000)
+        assert len(whole) == -(-len(stereo.samples) // 3)
+        data = read(os.path.join(mnt, "recordings", "flac_s24_stereo_48k.wav"))
+        assert data[:44] == wav_header(16000, 2, len(whole))
+        # Lossless source: only the rounding of two float computations may differ.
+        assert_within(samples_of(data).reshape(-1, 2), whole, 1)
+        # A cut of channel 0 starting at 10.0123 s: frame 480590 at 48 kHz, output 160197.
+        data = read(cut_path(mnt, "flac_s24_stereo_48k/overlap-b"))
+        assert data[:44] == wav_header(16000, 1, 160000)
+        assert_within(samples_of(data), whole[160197 : 160197 + 160000, 0], 1)
+        # 22 050 Hz -> 16 kHz (up 320, down 441), a lossy source within 1 LSB of ffmpeg.
+        whole = resampled(mp3, 16000)
+        data = read(os.path.join(mnt, "recordings", "mp3_noxing_mono_22k", "3-7.5.wav"))
+        assert_within(samples_of(data), whole[48000:120000, 0], 2)
+        lines = gzip.decompress(read(f"{mnt}/cuts.jsonl.gz")).decode().splitlines()
+        for item in map(json.loads, lines):
+            recording = item["recording"]
+            assert recording["sampling_rate"] == 16000
+            size = os.stat(recording["sources"][0]["source"]).st_size
+            assert size == 44 + 2 * recording["num_samples"] * len(recording["channel_ids"])
+
+
+def test_mono_float32_files(
+    tmp_path: Path, shard_dir: str, references: dict[str, Reference]
+) -> None:
+    import soundfile  # noqa: PLC0415
+
+    stereo = references["flac_s24_stereo_48k.flac"].samples.astype(np.float64)
+    with mounted(shard_dir, str(tmp_path / "mnt"), "-o", "mono,float32") as mnt:
+        path = os.path.join(mnt, "recordings", "flac_s24_stereo_48k", "1-2.wav")
+        data = read(path)
+        assert len(data) == 44 + 4 * 48000 and data[20:22] == b"\x03\x00"  # IEEE float
+        expected = (stereo[48000:96000].mean(axis=1) / 32768).astype(np.float32)
+        assert np.array_equal(np.frombuffer(data[44:], dtype="<f4"), expected)
+        samples, rate = soundfile.read(path, dtype="float32")
+        assert rate == 48000 and np.array_equal(samples, expected)

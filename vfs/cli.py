@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from codec.errors import CutfsError
+from codec.output_format import OutputFormat
 from codec.packer import pack
 from codec.shard_writer import DEFAULT_SHARD_BYTES
 from vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
@@ -44,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             _apply_mount_options(args)
             _windows(args)
+            _output_format(args)
         except ValueError as exc:
             parser.error(str(exc))
     return int(args.run(args))
@@ -118,6 +120,19 @@ def _parser() -> argparse.ArgumentParser:
         help="where indexes of sources served in place are kept, so that the next mount "
         "starts at once (default: $CUTFS_CACHE_DIR, else /var/cache/cutfs for root, "
         "~/.cache/cutfs for others)",
+    )
+    mount_parser.add_argument(
+        "--sample-rate",
+        type=int,
+        metavar="HZ",
+        help="serve every file at this rate: the whole recording resampled (the filter of "
+        "scipy's resample_poly), cut where the file starts; sizes stay exact",
+    )
+    mount_parser.add_argument(
+        "--mono", action="store_true", help="serve every file as the mean of its channels"
+    )
+    mount_parser.add_argument(
+        "--float32", action="store_true", help="serve 32-bit float WAV instead of 16-bit PCM"
     )
     mount_parser.add_argument(
         "--window",
@@ -206,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OPTIONS",
         help="mount(8)-style options: ro, allow_other, cache_size=4G, workers=N, "
         "read_timeout=S, uid=N, gid=N, file_mode=0444, dir_mode=0555, log_file=PATH, "
-        "cache_dir=DIR, debug",
+        "cache_dir=DIR, window=S, overlap=S, sample_rate=HZ, mono, float32, debug",
     )
     mount_parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     mount_parser.set_defaults(command="mount", run=_mount)
@@ -353,6 +368,7 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
         "log_file": ("log_file", str),
         "cache_dir": ("cache_dir", str),
         "window": ("window", float),
+        "sample_rate": ("sample_rate", int),
         "overlap": ("overlap", float),
         "read_ahead_kb": ("read_ahead_kb", int),
         "max_background": ("max_background", int),
@@ -364,7 +380,15 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
                 raise ValueError("cutfs mounts are read-only: drop the 'rw' option")
             if key in _IGNORED_OPTIONS or key.startswith("x-"):
                 continue
-            flags = ("allow_other", "debug", "foreground", "direct_io", "profile")
+            flags = (
+                "allow_other",
+                "debug",
+                "foreground",
+                "direct_io",
+                "profile",
+                "mono",
+                "float32",
+            )
             if key in flags and not has_value:
                 setattr(args, key, True)
                 continue
@@ -397,6 +421,7 @@ def _mount(args: argparse.Namespace) -> int:
         max_background=args.max_background,
         cache_dir=os.path.abspath(args.cache_dir) if args.cache_dir else None,
         windows=_windows(args),
+        output_format=_output_format(args),
     )
     ready_fd: int | None = args.ready_fd
 
@@ -417,6 +442,10 @@ def _mount(args: argparse.Namespace) -> int:
         _report_failure(ready_fd, ExitCode.ERROR, str(exc))
         return ExitCode.ERROR
     return ExitCode.OK
+
+
+def _output_format(args: argparse.Namespace) -> OutputFormat:
+    return OutputFormat(args.sample_rate, args.mono, args.float32)
 
 
 def _windows(args: argparse.Namespace) -> Windows | None:

@@ -38,6 +38,7 @@ import trio
 
 from codec.cut import seconds_to_frames
 from codec.library import AudioShape, Library
+from codec.output_format import OutputFormat
 from codec.wav_layout import HEADER_BYTES, WavLayout
 from vfs.frame_source import FrameSource
 from vfs.inode_table import (
@@ -120,12 +121,19 @@ class Windows:
 
 @dataclass(frozen=True, slots=True)
 class WavSource:
-    """Which frames and channels of which recording a WAV file serves."""
+    """Which frames and channels of which recording a WAV file serves, and how.
+
+    ``start_frame`` is in the recording's frames; ``output_start`` is where the
+    file starts in the recording as served (resampled or not), and ``layout``
+    describes the file as served (see :class:`codec.output_format.OutputFormat`).
+    """
 
     recording_index: int
     start_frame: int
     channels: tuple[int, ...]  # empty: all channels of the recording
     layout: WavLayout
+    output_start: int
+    shape: AudioShape
 
 
 class Filesystem:
@@ -138,8 +146,10 @@ class Filesystem:
         mountpoint: str,
         status: Callable[[], bytes] | None = None,
         windows: Windows | None = None,
+        output_format: OutputFormat | None = None,
     ) -> None:
         self._library = library
+        self._format = output_format or OutputFormat()
         self._frames = frame_source
         self._mountpoint = os.path.abspath(mountpoint)
         self._table = table = InodeTable()
@@ -148,7 +158,7 @@ class Filesystem:
         recordings = table.add_directory(table.root, RECORDINGS_DIR)
         recording_paths = table.add_files(recordings, library.recording_ids, RECORDING_INODE_BASE)
         self._manifests = ManifestFiles(
-            library, self._cut_paths, os.path.join(self._mountpoint, CUTS_DIR)
+            library, self._cut_paths, os.path.join(self._mountpoint, CUTS_DIR), self._cut_layout
         )
         self._text_inodes: dict[int, str] = {}
         for name in self._manifests.root_names():
@@ -345,34 +355,39 @@ class Filesystem:
             if span is None:
                 raise FsError(errno.ENOENT)
             recording_index, start, end = span
-            shape = library.shape(recording_index)
-            assert shape is not None, "spans are made once the shape is known"
-            return WavSource(
-                recording_index,
-                start,
-                (),
-                WavLayout(shape.sample_rate, shape.channels, end - start),
-            )
+            return self._served(recording_index, start, end - start, ())
         if inode >= RECORDING_INODE_BASE:
             index = inode - RECORDING_INODE_BASE
             if index >= len(library.recording_ids):
                 raise FsError(errno.ENOENT)
             shape = library.shape(index)
-            if shape is None:
-                return None
-            layout = WavLayout(shape.sample_rate, shape.channels, shape.num_frames)
-            return WavSource(index, 0, (), layout)
+            return None if shape is None else self._served(index, 0, shape.num_frames, ())
         index = inode - CUT_INODE_BASE
         if not 0 <= index < library.num_cuts:
             raise FsError(errno.ENOENT)
         cut = library.cut(index)
         if cut is None:
             return None
-        shape = library.shape(cut.recording_index)
-        assert shape is not None
-        channels = len(cut.channels) or shape.channels
-        layout = WavLayout(shape.sample_rate, channels, cut.num_frames)
-        return WavSource(cut.recording_index, cut.start_frame, cut.channels, layout)
+        return self._served(cut.recording_index, cut.start_frame, cut.num_frames, cut.channels)
+
+    def _served(
+        self, recording_index: int, start: int, frames: int, channels: tuple[int, ...]
+    ) -> WavSource:
+        """Frames ``[start, start + frames)`` of a recording (its shape known) as served."""
+        shape = self._library.shape(recording_index)
+        assert shape is not None, "a file is served once its recording's shape is known"
+        output_start, output_frames = self._format.span(
+            shape.sample_rate, start, frames, shape.num_frames
+        )
+        layout = self._format.layout(
+            shape.sample_rate, len(channels) or shape.channels, output_frames
+        )
+        return WavSource(recording_index, start, channels, layout, output_start, shape)
+
+    def _cut_layout(self, index: int) -> WavLayout | None:
+        """A cut file's layout for the manifests, ``None`` until its recording is indexed."""
+        source = self._known_wav_source(CUT_INODE_BASE + index)
+        return None if source is None else source.layout
 
     async def _read_wav(self, source: WavSource, offset: int, size: int) -> bytes:
         layout = source.layout
@@ -384,18 +399,40 @@ class Filesystem:
             parts.append(layout.header()[offset:end])
         first, last = layout.frames_for_bytes(offset, size)
         if last > first:
-            frames = await self._frames.frames(
-                source.recording_index,
-                source.start_frame + first,
-                source.start_frame + last,
-                readahead_end=source.start_frame + min(layout.num_frames, last + _READAHEAD_FRAMES),
-            )
-            if source.channels:
-                frames = frames[:, list(source.channels)]
-            data = np.ascontiguousarray(frames).tobytes()
+            data = self._format.encode(await self._samples(source, first, last))
             data_start = HEADER_BYTES + first * layout.frame_bytes
             parts.append(data[max(offset, HEADER_BYTES) - data_start : end - data_start])
         return b"".join(parts)
+
+    async def _samples(self, source: WavSource, first: int, last: int) -> np.ndarray:
+        """The file's frames ``[first, last)`` before encoding (16-bit scale)."""
+        resampler = self._format.resampler(source.shape.sample_rate)
+        if resampler is None:
+            start = source.start_frame
+            frames = await self._frames.frames(
+                source.recording_index,
+                start + first,
+                start + last,
+                readahead_end=start + min(source.layout.num_frames, last + _READAHEAD_FRAMES),
+            )
+            return frames[:, list(source.channels)] if source.channels else frames
+        wanted_first, wanted_end = source.output_start + first, source.output_start + last
+        total = source.shape.num_frames
+        low, high = resampler.input_span(wanted_first, wanted_end, total)
+        file_end = source.output_start + source.layout.num_frames
+        _, input_end = resampler.input_span(file_end - 1, file_end, total)
+        frames = await self._frames.frames(
+            source.recording_index,
+            low,
+            high,
+            readahead_end=min(input_end, high + _READAHEAD_FRAMES),
+        )
+        if source.channels:
+            frames = frames[:, list(source.channels)]
+        mixed = np.asarray(self._format.downmix(frames), dtype=np.float64)
+        return await trio.to_thread.run_sync(
+            resampler.resample, mixed, low, wanted_first, wanted_end
+        )
 
     # -- helpers ----------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from codec.errors import CutfsError
 from codec.library import Library
+from codec.wav_layout import WavLayout
 
 log = logging.getLogger("cutfs.manifest_files")
 
@@ -43,11 +44,19 @@ _SUPERVISION_FIELDS: Final = ("text", "speaker", "language", "gender")
 class ManifestFiles:
     """Renders the root manifests of one mount (see the module docstring)."""
 
-    def __init__(self, library: Library, cut_paths: dict[int, str], cuts_directory: str) -> None:
-        """``cut_paths`` are the cut files' paths relative to ``cuts_directory`` (absolute)."""
+    def __init__(
+        self,
+        library: Library,
+        cut_paths: dict[int, str],
+        cuts_directory: str,
+        cut_layout: Callable[[int], WavLayout | None],
+    ) -> None:
+        """``cut_paths`` are the cut files' paths relative to ``cuts_directory`` (absolute);
+        ``cut_layout`` gives a cut file's layout as served (``None`` before indexing)."""
         self._library = library
         self._cut_paths = cut_paths
         self._cuts_directory = cuts_directory
+        self._cut_layout = cut_layout
         self._has_text = library.metadata_mentions('"text"')
         self._has_speaker = library.metadata_mentions('"speaker"')
 
@@ -167,14 +176,12 @@ class ManifestFiles:
         """(frames, rate, channels) of a cut file, or ``None`` for a cut that cannot be
         served (it is left out, with a log line); every recording must be indexed."""
         try:
-            cut = self._library.cut(index)
+            layout = self._cut_layout(index)
         except CutfsError as exc:
             log.warning("%s: left out of the manifests: %s", self._library.cut_ids[index], exc)
             return None
-        assert cut is not None, "rendering lengths before the recordings are indexed"
-        shape = self._library.shape(cut.recording_index)
-        assert shape is not None
-        return cut.num_frames, shape.sample_rate, len(cut.channels) or shape.channels
+        assert layout is not None, "rendering lengths before the recordings are indexed"
+        return layout.num_frames, layout.sample_rate, layout.channels
 
 
 def kaldi_key(identifier: str) -> str:

@@ -23,6 +23,7 @@ import trio
 
 from codec.errors import CutfsError, ShardFormatError, SourceError
 from codec.library import Library
+from codec.output_format import OutputFormat
 from codec.shard_format import MANIFEST_FILE
 from codec.shard_set import ShardSet
 from codec.source_index import SourceIndex, default_cache_root, prepare_index
@@ -76,6 +77,8 @@ class MountOptions:
     cache_dir: str | None = None
     #: ``windows/`` of every recording (None: no windows directory).
     windows: Windows | None = None
+    #: Sample rate, mono and sample format of every WAV file (default: the recording's own).
+    output_format: OutputFormat = field(default_factory=OutputFormat)
 
 
 def open_source(source: str, cache_dir: str | None) -> Library:
@@ -129,7 +132,9 @@ def serve(
             return (json.dumps(snapshot, indent=2) + "\n").encode()
 
         frames = FrameSource(library, cache, pool, statistics if options.profile else None)
-        filesystem = Filesystem(library, frames, mountpoint, status, options.windows)
+        filesystem = Filesystem(
+            library, frames, mountpoint, status, options.windows, options.output_format
+        )
         operations = Operations(filesystem, options.ownership, statistics, options.direct_io)
         try:
             pool.wait_ready()

@@ -1,0 +1,91 @@
+"""What the served WAV files hold: the recording's own samples, or a view of them.
+
+A mount may serve every file at one sample rate, downmixed to mono, or as
+32-bit float (``cutfs mount --sample-rate 16000 --mono --float32``).  The
+contract stays exact:
+
+* Resampling: a file's frames are those of the whole recording resampled by
+  :class:`codec.resampler.Resampler` (``ceil(n * rate / source_rate)``
+  frames in all).  A file that starts at source frame ``s`` and is ``n``
+  frames long starts at output frame ``round(s * rate / source_rate)`` and is
+  ``round(n * rate / source_rate)`` frames long (halves rounded up, as
+  Lhotse rounds durations), within the resampled recording.
+* Mono: the mean of the file's channels (after channel selection).
+* 16-bit output rounds to the nearest integer (halves to even) and clips;
+  float32 output is the 16-bit scale divided by 32768, without rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+
+from codec.resampler import Resampler
+from codec.wav_layout import WavLayout
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFormat:
+    """The mount-wide view applied to every WAV file (the default changes nothing)."""
+
+    sample_rate: int | None = None
+    mono: bool = False
+    float32: bool = False
+
+    def __post_init__(self) -> None:
+        if self.sample_rate is not None and self.sample_rate <= 0:
+            raise ValueError("the sample rate must be positive")
+
+    def rate(self, source_rate: int) -> int:
+        return self.sample_rate or source_rate
+
+    def resampler(self, source_rate: int) -> Resampler | None:
+        """The resampler from ``source_rate``, or ``None`` when the rate is kept."""
+        if self.sample_rate is None or self.sample_rate == source_rate:
+            return None
+        return _resampler(source_rate, self.sample_rate)
+
+    def span(
+        self, source_rate: int, start_frame: int, num_frames: int, recording_frames: int
+    ) -> tuple[int, int]:
+        """(first output frame, output frames) of a file, within the resampled recording."""
+        resampler = self.resampler(source_rate)
+        if resampler is None:
+            return start_frame, num_frames
+        rate = self.rate(source_rate)
+        start = _scaled(start_frame, rate, source_rate)
+        total = resampler.output_frames(recording_frames)
+        return start, max(0, min(_scaled(num_frames, rate, source_rate), total - start))
+
+    def layout(self, source_rate: int, channels: int, output_frames: int) -> WavLayout:
+        served_channels = 1 if self.mono else channels
+        return WavLayout(self.rate(source_rate), served_channels, output_frames, self.float32)
+
+    def downmix(self, samples: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+        """The mean of the channels when mono is asked for (float64), else unchanged."""
+        if not self.mono or samples.shape[1] == 1:
+            return samples
+        mean: npt.NDArray[np.float64] = samples.mean(axis=1, keepdims=True)
+        return mean
+
+    def encode(self, samples: npt.NDArray[np.generic]) -> bytes:
+        """Interleaved little-endian samples in the 16-bit scale, as the file stores them."""
+        samples = self.downmix(samples)
+        if self.float32:
+            return (np.asarray(samples, dtype=np.float64) / 32768.0).astype("<f4").tobytes()
+        if samples.dtype != np.int16:
+            samples = np.clip(np.rint(samples), -32768, 32767).astype(np.int16)
+        return np.ascontiguousarray(samples).astype("<i2", copy=False).tobytes()
+
+
+@lru_cache(maxsize=64)
+def _resampler(source_rate: int, target_rate: int) -> Resampler:
+    return Resampler(source_rate, target_rate)
+
+
+def _scaled(frames: int, rate: int, source_rate: int) -> int:
+    """``frames * rate / source_rate`` rounded half up, in integers."""
+    return (2 * frames * rate + source_rate) // (2 * source_rate)
