@@ -358,6 +358,42 @@ def _soundfile_cut(path: Path, start_seconds: float) -> int:
         return len(sound.read(int(CUT_SECONDS * sound.samplerate), dtype="int16"))
 
 
+_LHOTSE_RECORDINGS: dict[Path, Any] = {}
+
+
+def _lhotse_cut(path: Path, start_seconds: float) -> int:
+    """Lhotse's ``cut.load_audio()`` on the original recording (what users run today)."""
+    cut = _lhotse_recording(path).to_cut().truncate(offset=start_seconds, duration=CUT_SECONDS)
+    return int(cut.load_audio().shape[1])
+
+
+def _lhotse_recording(path: Path) -> Any:
+    """The Lhotse recording of a file, read once (a manifest would hold it): not timed."""
+    from lhotse import Recording  # noqa: PLC0415 - the compat extra
+
+    recording = _LHOTSE_RECORDINGS.get(path)
+    if recording is None:
+        recording = _LHOTSE_RECORDINGS[path] = Recording.from_file(str(path))
+    return recording
+
+
+def _torchcodec_cut(path: Path, start_seconds: float) -> int:
+    from torchcodec.decoders import AudioDecoder  # noqa: PLC0415 - the compat extra
+
+    samples = AudioDecoder(str(path)).get_samples_played_in_range(
+        start_seconds, start_seconds + CUT_SECONDS
+    )
+    return int(samples.data.shape[1])
+
+
+def _installed(module: str) -> bool:
+    try:
+        __import__(module)
+    except (ImportError, OSError):
+        return False
+    return True
+
+
 def _readers(setup: Setup, mounts: Mounts, cut: Cut) -> dict[str, Callable[[], int]]:
     """Each way of getting the cut's samples, as a user would."""
     original = setup.corpus[cut.recording]
@@ -366,6 +402,10 @@ def _readers(setup: Setup, mounts: Mounts, cut: Cut) -> dict[str, Callable[[], i
         "soundfile": lambda: _soundfile_cut(original, cut.start_seconds),
         "tmpfs WAV": lambda: _read_file(setup.plain / f"{cut.cut_id}.wav"),
     }
+    if _installed("lhotse"):
+        readers["Lhotse"] = lambda: _lhotse_cut(original, cut.start_seconds)
+    if _installed("torchcodec.decoders"):
+        readers["torchcodec"] = lambda: _torchcodec_cut(original, cut.start_seconds)
     if mounts.ffmpegfs is not None:
         wav = mounts.ffmpegfs / (original.name + ".wav")  # ffmpegfs appends .wav
         readers["ffmpegfs"] = lambda: _soundfile_cut(wav, cut.start_seconds)
@@ -395,6 +435,8 @@ def _latency(setup: Setup, mounts: Mounts) -> list[dict[str, Any]]:
                 mounts.cutfs_restart()
             if system == "ffmpegfs":
                 mounts.ffmpegfs_restart()
+            if system == "Lhotse":
+                _lhotse_recording(setup.corpus[rid])
             for cut in batch:
                 read = _readers(setup, mounts, cut)[system]
                 _drop_caches()

@@ -250,11 +250,10 @@ class Filesystem:
         return inode
 
     async def _shape(self, recording_index: int) -> AudioShape:
+        """A recording's shape, having it indexed first if the library does not know it."""
+        await self._frames.index(recording_index)  # returns at once when the shape is known
         shape = self._library.shape(recording_index)
-        if shape is None:
-            await self._frames.index(recording_index)
-            shape = self._library.shape(recording_index)
-            assert shape is not None, "indexing did not make the shape known"
+        assert shape is not None, "indexing did not make the shape known"
         return shape
 
     async def getattr(self, inode: int) -> Attributes:
@@ -336,7 +335,7 @@ class Filesystem:
         """What a WAV file serves, indexing its recording first if the library must."""
         source = self._known_wav_source(inode)
         if source is None:
-            await self._frames.index(self._recording_of(inode))
+            await self._shape(self._recording_of(inode))
             source = self._known_wav_source(inode)
             assert source is not None, "indexing did not make the shape known"
         return source
