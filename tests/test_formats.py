@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import tarfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import Reference, mounted, needs_fuse
+from conftest import CUTFS, Reference, mounted, needs_fuse
 from corpus import ffmpeg_decode
 
 from vfs.path_escape import escape_id
@@ -145,3 +146,31 @@ def test_arrow_episode_shards_with_a_segment_list(
             first, last = round(start * reference.rate), round(end * reference.rate)
             samples, _, _ = read_cut(mnt, cut_id)
             assert_close(samples, reference.samples[first:last], reference.lossless)
+
+
+def test_arrow_rows_without_bytes_name_their_file(
+    tmp_path: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    audio_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    audio = pa.array([{"bytes": None, "path": corpus["mp3_cbr_mono_16k.mp3"]}], audio_type)
+    table = pa.table({"id": ["external"], "audio": audio})
+    path = str(dataset / "data-00000-of-00001.arrow")
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    with mounted(str(dataset), str(tmp_path / "mnt"), "--cache-dir", str(tmp_path / "c")) as mnt:
+        samples, _, _ = read_cut(mnt, "external")
+        assert_close(samples, references["mp3_cbr_mono_16k.mp3"].samples, lossless=False)
+    broken = pa.array([{"bytes": None, "path": "nowhere.flac"}], audio_type)
+    table = pa.table({"id": ["missing"], "audio": broken})
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    result = subprocess.run(
+        [*CUTFS, "mount", "--cache-dir", str(tmp_path / "c"), str(dataset), str(tmp_path / "mnt")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 3
+    assert "'nowhere.flac' is not a file" in result.stderr

@@ -2,8 +2,9 @@
 
 A row holds one recording's encoded bytes in an audio column: a binary column
 (``audio``, or the only binary column) or HuggingFace's ``Audio`` struct
-``{bytes, path}``.  Other string and number columns become the cut's
-metadata (``text``, ``speaker``, ...).
+``{bytes, path}``; a struct row without bytes is the file its ``path`` names
+(relative to the Arrow file's directory).  Other string and number columns
+become the cut's metadata (``text``, ``speaker``, ...).
 
 * Arrow IPC files (``*.arrow``: HuggingFace ``save_to_disk`` writes the
   stream format, episode shards often the file format) are not compressed,
@@ -45,16 +46,9 @@ def is_arrow_dataset(path: str) -> bool:
 
 
 def read_arrow_dataset(directory: str) -> SourceCatalogue:
-    recordings: list[SourceRecording] = []
-    rows_metadata: dict[str, dict[str, Any]] = {}
-    for path in _files(directory, "arrow"):
-        for recording, metadata in _arrow_rows(path):
-            recordings.append(recording)
-            rows_metadata[recording.recording_id] = metadata
-    for path in _files(directory, "parquet"):
-        for recording, metadata in _parquet_rows(path):
-            recordings.append(recording)
-            rows_metadata[recording.recording_id] = metadata
+    rows = [row for path in _files(directory, "arrow") for row in _arrow_rows(path)]
+    rows += [row for path in _files(directory, "parquet") for row in _parquet_rows(path)]
+    recordings = [recording for recording, _ in rows]
     segment_list = next(
         (
             os.path.join(directory, n)
@@ -65,13 +59,8 @@ def read_arrow_dataset(directory: str) -> SourceCatalogue:
     )
     if segment_list is None:
         cuts = [
-            SourceCut(
-                r.recording_id,
-                r.recording_id,
-                metadata=rows_metadata[r.recording_id],
-                described_in=r.described_in,
-            )
-            for r in recordings
+            SourceCut(r.recording_id, r.recording_id, metadata=m, described_in=r.described_in)
+            for r, m in rows
         ]
     else:
         cuts = list(_segments(segment_list))
@@ -101,26 +90,37 @@ def _arrow_rows(path: str) -> Iterator[tuple[SourceRecording, dict[str, Any]]]:
         offsets = np.frombuffer(offsets_buffer, dtype=width)[
             audio.offset : audio.offset + len(audio) + 1
         ]
-        if values is None or not start <= values.address < end:
+        missing = audio.is_null().to_numpy(zero_copy_only=False)
+        stored = not missing.all() and offsets[-1] > offsets[0]
+        if stored and (values is None or not start <= values.address < end):
             raise SourceError(
                 "the audio bytes are not stored in place (compressed IPC?): pack it instead",
                 where=path,
             )
-        missing = audio.is_null().to_numpy(zero_copy_only=False)
         for number in range(len(audio)):
-            if missing[number]:
-                continue
             where = f"{path}, row {row + number}"
-            offset = values.address - start + int(offsets[number])
-            recording = SourceRecording(
-                ids[number] or f"{os.path.basename(path)}-{row + number}",
-                path=os.path.abspath(path),
-                described_in=where,
-                offset_bytes=offset,
-                length_bytes=int(offsets[number + 1] - offsets[number]),
-            )
+            recording_id = ids[number] or f"{os.path.basename(path)}-{row + number}"
+            if missing[number]:
+                recording = _external(recording_id, paths[number], os.path.dirname(path), where)
+            else:
+                recording = SourceRecording(
+                    recording_id,
+                    path=os.path.abspath(path),
+                    described_in=where,
+                    offset_bytes=values.address - start + int(offsets[number]),
+                    length_bytes=int(offsets[number + 1] - offsets[number]),
+                )
             yield recording, _metadata(batch, number)
         row += batch.num_rows
+
+
+def _external(recording_id: str, path: str | None, base: str, where: str) -> SourceRecording:
+    """A row whose Audio struct has no bytes but a path: the file it names."""
+    if path:
+        resolved = path if os.path.isabs(path) else os.path.join(base, path)
+        if os.path.isfile(resolved):
+            return SourceRecording(recording_id, path=os.path.abspath(resolved), described_in=where)
+    raise SourceError(f"row has no audio bytes, and its path {path!r} is not a file", where=where)
 
 
 def _open_ipc(buffer: pa.Buffer) -> Iterator[pa.RecordBatch]:
