@@ -153,15 +153,16 @@ def _prepare(work: Path, lengths: dict[str, float], samples: int) -> Setup:
     lengths_by_id = {rid: lengths[rid.split("_")[1]] for rid in corpus}
     rng = random.Random(42)
     cuts = {rid: _spread_cuts(rid, seconds, samples, rng) for rid, seconds in lengths_by_id.items()}
-    shards = work / "shards"
+    key = "-".join(sorted(lengths))  # quick and full runs keep separate shards and cuts
+    shards = work / f"shards-{key}"
     manifests = _manifests(work, corpus, lengths_by_id, cuts)
     if not (shards / "manifest.json").exists():
         print("bench: packing", flush=True)
         subprocess.run(
             [*CUTFS, "pack", "-q", *manifests, "-o", str(shards)], check=True, cwd=REPOSITORY
         )
-    plain = Path("/dev/shm/cutfs-bench-plain")
-    tar = work / "cuts.tar"
+    plain = Path(f"/dev/shm/cutfs-bench-plain-{key}")
+    tar = work / f"cuts-{key}.tar"
     if not plain.exists() or not tar.exists():
         _precut(corpus, cuts, plain, tar)
     return Setup(work, corpus, lengths_by_id, cuts, shards, plain, tar)
@@ -318,6 +319,7 @@ def _mounts(setup: Setup) -> Iterator[Mounts]:
 
 
 def _unmount(path: Path) -> None:
+    path = path.resolve()  # /proc/mounts lists absolute paths
     for _ in range(3):
         if not any(
             line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines()
