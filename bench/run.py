@@ -225,22 +225,35 @@ def _precut(corpus: dict[str, Path], cuts: dict[str, list[Cut]], plain: Path, ta
     print("bench: writing pre-cut WAV files", flush=True)
     shutil.rmtree(plain, ignore_errors=True)
     for rid, path in corpus.items():
-        decoded = subprocess.run(
-            ["ffmpeg", "-v", "error", "-i", str(path), "-f", "s16le", "-"],
-            check=True,
-            capture_output=True,
-        ).stdout
-        samples = np.frombuffer(decoded, dtype="<i2")
         rate = 48000 if rid.startswith("opus") else RATE
-        for cut in cuts[rid]:
-            first = round(cut.start_seconds * rate)
+        spans = [(round(cut.start_seconds * rate), int(CUT_SECONDS * rate)) for cut in cuts[rid]]
+        for cut, samples in zip(cuts[rid], _decoded_spans(path, spans), strict=True):
             target = plain / f"{cut.cut_id}.wav"
             target.parent.mkdir(parents=True, exist_ok=True)
-            soundfile.write(
-                target, samples[first : first + int(CUT_SECONDS * rate)], rate, subtype="PCM_16"
-            )
+            soundfile.write(target, samples, rate, subtype="PCM_16")
     with tarfile.open(tar, "w") as archive:
         archive.add(plain, arcname="cuts")
+
+
+def _decoded_spans(path: Path, spans: list[tuple[int, int]]) -> list[np.ndarray]:
+    """Sample ranges (first, count) of ffmpeg's full decode, streamed: a 36 h decode does
+    not fit in memory."""
+    parts: list[list[np.ndarray]] = [[] for _ in spans]
+    decoder = subprocess.Popen(
+        ["ffmpeg", "-v", "error", "-i", str(path), "-f", "s16le", "-"], stdout=subprocess.PIPE
+    )
+    assert decoder.stdout is not None
+    position = 0
+    while chunk := decoder.stdout.read(1 << 22):
+        samples = np.frombuffer(chunk, dtype="<i2")  # chunks are even: 16-bit samples
+        for number, (first, count) in enumerate(spans):
+            low, high = max(first, position), min(first + count, position + len(samples))
+            if high > low:
+                parts[number].append(samples[low - position : high - position])
+        position += len(samples)
+    if decoder.wait() != 0:
+        raise RuntimeError(f"ffmpeg could not decode {path}")
+    return [np.concatenate(chunks) if chunks else np.zeros(0, np.int16) for chunks in parts]
 
 
 # -- mounts -------------------------------------------------------------------------------
