@@ -127,6 +127,12 @@ class InodeTable:
         return paths
 
     def _try_add_file(self, parent: Directory, path: str, inode: int) -> bool:
+        if "/" not in path:  # the common case, without the walk below
+            key = path.encode("utf-8", "surrogateescape")
+            if key in parent.children:
+                return False
+            parent.children[key] = inode
+            return True
         *directories, name = path.split("/")
         directory = parent
         try:

@@ -21,6 +21,7 @@ piece's leading ``%``, joining and percent-decoding.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 from urllib.parse import quote, unquote
 
@@ -55,7 +56,15 @@ def unescape_path(path: str) -> str:
     return unquote("".join(piece[1:] for piece in pieces), errors="surrogateescape")
 
 
+#: Ids made of short components of ASCII letters, digits, "_", "-" and "." (not first):
+#: safe by construction (non-empty, not "." or "..", no NUL or "%", under 255 bytes).  The
+#: common case, checked in one regex call: a million ids build a tree in a second.
+_PLAIN_ID: Final = re.compile(r"[\w\-][\w.\-]{0,200}(?:/[\w\-][\w.\-]{0,200})*", re.ASCII)
+
+
 def _is_safe(identifier: str) -> bool:
+    if _PLAIN_ID.fullmatch(identifier):
+        return True
     components = identifier.split("/")
     for position, component in enumerate(components):
         limit = _MAX_NAME_BYTES - (len(SUFFIX) if position == len(components) - 1 else 0)
