@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from codec.shard_set import ShardSet
+from cutfs.codec.shard_set import ShardSet
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-CUTFS = [sys.executable, "-m", "vfs.cli"]
+CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
 RATE = 16000
 CUT_SECONDS = 10.0
 CODECS = {
@@ -612,7 +612,10 @@ def _io_read_bytes(pids: list[int]) -> int:
 
 def _cutfs_pids(mountpoint: Path) -> list[int]:
     daemons = subprocess.run(
-        ["pgrep", "-f", f"vfs.cli .*{mountpoint}"], capture_output=True, text=True, check=False
+        ["pgrep", "-f", f"cutfs.vfs.cli .*{mountpoint}"],
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout.split()
     children = (
         subprocess.run(

@@ -10,7 +10,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from codec.shard_format import int_column
+from cutfs.codec.shard_format import int_column
 
 
 class CutTable:

@@ -23,10 +23,10 @@ import numpy as np
 import numpy.typing as npt
 import soundfile
 
-from codec.errors import CorruptDataError
-from codec.pcm import Int16Array, float_to_s16, int_to_s16, packed_to_s16, sample_bytes
-from codec.recording import DecodeMethod, FrameTiming, Recording, pts_to_frames
-from codec.seek_index import SeekPoint
+from cutfs.codec.errors import CorruptDataError
+from cutfs.codec.pcm import Int16Array, float_to_s16, int_to_s16, packed_to_s16, sample_bytes
+from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording, pts_to_frames
+from cutfs.codec.seek_index import SeekPoint
 
 _SIGNED_BITS = {"s16": 16, "s16p": 16, "s32": 32, "s32p": 32}
 _FLOAT_FORMATS = frozenset({"flt", "fltp"})

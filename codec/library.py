@@ -1,8 +1,8 @@
 """What the filesystem serves from: recordings and cuts, packed or in place.
 
-Two kinds of library exist.  A :class:`codec.shard_set.ShardSet` is the output
+Two kinds of library exist.  A :class:`cutfs.codec.shard_set.ShardSet` is the output
 of ``cutfs pack``: every recording was indexed ahead, so everything is known
-at open.  A :class:`codec.source_index.SourceIndex` serves audio files where
+at open.  A :class:`cutfs.codec.source_index.SourceIndex` serves audio files where
 they are (Lhotse manifests, Kaldi directories, tars, Arrow and Parquet
 datasets); it indexes a recording the first time it is needed and keeps the
 result in an on-disk cache.  The filesystem talks to both through
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from codec.cut import Cut
-from codec.decoder import DecodeTrace
-from codec.pcm import Int16Array
-from codec.recording import Recording
+from cutfs.codec.cut import Cut
+from cutfs.codec.decoder import DecodeTrace
+from cutfs.codec.pcm import Int16Array
+from cutfs.codec.recording import Recording
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,7 @@ class Library(Protocol):
     def cut(self, index: int) -> Cut | None:
         """The cut at ``index``, or ``None`` until its recording's shape is known.
 
-        Raises :class:`codec.errors.DurationMismatchError` when the cut cannot
+        Raises :class:`cutfs.codec.errors.DurationMismatchError` when the cut cannot
         be served from its recording (it ends after the audio, beyond tolerance).
         """
         ...
@@ -98,8 +98,8 @@ class Library(Protocol):
 
 def open_library(directory: str) -> Library:
     """Open a shard directory or a source index directory, whichever ``directory`` is."""
-    from codec.shard_set import ShardSet  # noqa: PLC0415 - the two import this module
-    from codec.source_index import INDEX_FILE, SourceIndex  # noqa: PLC0415
+    from cutfs.codec.shard_set import ShardSet  # noqa: PLC0415 - the two import this module
+    from cutfs.codec.source_index import INDEX_FILE, SourceIndex  # noqa: PLC0415
 
     if os.path.exists(os.path.join(directory, INDEX_FILE)):
         return SourceIndex(directory, load_cuts=False)

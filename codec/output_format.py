@@ -5,7 +5,7 @@ A mount may serve every file at one sample rate, downmixed to mono, or as
 contract stays exact:
 
 * Resampling: a file's frames are those of the whole recording resampled by
-  :class:`codec.resampler.Resampler` (``ceil(n * rate / source_rate)``
+  :class:`cutfs.codec.resampler.Resampler` (``ceil(n * rate / source_rate)``
   frames in all).  A file that starts at source frame ``s`` and is ``n``
   frames long starts at output frame ``round(s * rate / source_rate)`` and is
   ``round(n * rate / source_rate)`` frames long (halves rounded up, as
@@ -23,8 +23,8 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from codec.resampler import Resampler
-from codec.wav_layout import WavLayout
+from cutfs.codec.resampler import Resampler
+from cutfs.codec.wav_layout import WavLayout
 
 
 @dataclass(frozen=True, slots=True)

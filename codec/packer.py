@@ -23,13 +23,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 
-from codec.cut import Cut, seconds_to_frames
-from codec.errors import CutfsError, SourceError
-from codec.recording import Recording
-from codec.recording_indexer import IndexedRecording, index_recording
-from codec.shard_writer import DEFAULT_SHARD_BYTES, ShardWriter
-from codec.sources import SourceCatalogue, SourceCut, SourceRecording, read_source
-from codec.sources.arrow_dataset import read_parquet_cell
+from cutfs.codec.cut import Cut, seconds_to_frames
+from cutfs.codec.errors import CutfsError, SourceError
+from cutfs.codec.recording import Recording
+from cutfs.codec.recording_indexer import IndexedRecording, index_recording
+from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES, ShardWriter
+from cutfs.codec.sources import SourceCatalogue, SourceCut, SourceRecording, read_source
+from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 
 ProgressCallback = Callable[[int, int, int], None]  # (recordings done, total, bytes stored)
 
@@ -56,7 +56,7 @@ def pack(
 ) -> PackReport:
     """Pack the recordings and cuts read from ``sources`` into ``output_dir``.
 
-    Raises :class:`codec.errors.CutfsError` subclasses for bad input, naming
+    Raises :class:`cutfs.codec.errors.CutfsError` subclasses for bad input, naming
     the file and the id; ``output_dir`` is then left as it was.
     """
     catalogue = read_source(sources)

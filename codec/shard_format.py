@@ -12,7 +12,7 @@ A shard directory holds:
     unless the recording was transcoded to FLAC.
 ``recordings.arrow``
     One row per recording: where its blob is and its decoding plan
-    (:class:`codec.recording.Recording`), seek index included.
+    (:class:`cutfs.codec.recording.Recording`), seek index included.
 ``cuts.arrow``
     One row per cut: its id, recording, frame range, channels and metadata.
 """
@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from codec.errors import ShardFormatError
+from cutfs.codec.errors import ShardFormatError
 
 FORMAT_NAME: Final = "cutfs-shards"
 FORMAT_VERSION: Final = 1

@@ -12,15 +12,15 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from codec.cut import Cut
-from codec.cut_table import CutTable
-from codec.decoder import DecodeTrace, decode_frames
-from codec.errors import ShardFormatError
-from codec.library import AudioShape
-from codec.pcm import Int16Array, sample_bytes
-from codec.recording import DecodeMethod, FrameTiming, Recording
-from codec.seek_index import SeekIndex
-from codec.shard_format import (
+from cutfs.codec.cut import Cut
+from cutfs.codec.cut_table import CutTable
+from cutfs.codec.decoder import DecodeTrace, decode_frames
+from cutfs.codec.errors import ShardFormatError
+from cutfs.codec.library import AudioShape
+from cutfs.codec.pcm import Int16Array, sample_bytes
+from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording
+from cutfs.codec.seek_index import SeekIndex
+from cutfs.codec.shard_format import (
     CUTS_FILE,
     CUTS_SCHEMA,
     FORMAT_NAME,
@@ -30,7 +30,7 @@ from codec.shard_format import (
     int_column,
     read_table,
 )
-from codec.storage import LocalStorage, Storage
+from cutfs.codec.storage import LocalStorage, Storage
 
 
 class ShardSet:

@@ -1,4 +1,4 @@
-"""Writing a shard directory (see :mod:`codec.shard_format`)."""
+"""Writing a shard directory (see :mod:`cutfs.codec.shard_format`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from codec.cut import Cut
-from codec.recording import Recording
-from codec.shard_format import (
+from cutfs.codec.cut import Cut
+from cutfs.codec.recording import Recording
+from cutfs.codec.shard_format import (
     CUTS_FILE,
     CUTS_SCHEMA,
     FORMAT_NAME,

@@ -2,7 +2,7 @@
 
 ``cutfs mount SOURCE`` on anything but a shard directory reads the source's
 catalogue (recordings and cuts: Lhotse manifests, a Kaldi directory, tars,
-Arrow or Parquet datasets; see :mod:`codec.sources`) and writes it into an
+Arrow or Parquet datasets; see :mod:`cutfs.codec.sources`) and writes it into an
 index directory under a cache root, named after the source's path::
 
     <cache root>/<key>/source-index.json   format, version, the source and its stamp
@@ -25,7 +25,7 @@ file sizes without decoding anything.  When the audio disagrees, Lhotse's
 rule applies (``LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE``, 0.025 s): a
 recording up to that much shorter is padded by reflecting its last frames, as
 Lhotse pads what it loads; longer audio is cut at the declared length; frames
-beyond the tolerance fail with :class:`codec.errors.ManifestMismatchError`.
+beyond the tolerance fail with :class:`cutfs.codec.errors.ManifestMismatchError`.
 """
 
 from __future__ import annotations
@@ -43,20 +43,20 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
-from codec.cut import Cut, seconds_to_frames
-from codec.cut_table import CutTable
-from codec.decoder import DecodeTrace, decode_frames
-from codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
-from codec.library import AudioShape
-from codec.pcm import Int16Array
-from codec.recording import Recording
-from codec.recording_indexer import index_recording
-from codec.shard_format import RECORDINGS_SCHEMA, int_column, read_table
-from codec.shard_set import recording_from_row
-from codec.shard_writer import recording_row
-from codec.sources import SourceCatalogue, read_source
-from codec.sources.arrow_dataset import read_parquet_cell
-from codec.storage import LocalStorage, Storage
+from cutfs.codec.cut import Cut, seconds_to_frames
+from cutfs.codec.cut_table import CutTable
+from cutfs.codec.decoder import DecodeTrace, decode_frames
+from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
+from cutfs.codec.library import AudioShape
+from cutfs.codec.pcm import Int16Array
+from cutfs.codec.recording import Recording
+from cutfs.codec.recording_indexer import index_recording
+from cutfs.codec.shard_format import RECORDINGS_SCHEMA, int_column, read_table
+from cutfs.codec.shard_set import recording_from_row
+from cutfs.codec.shard_writer import recording_row
+from cutfs.codec.sources import SourceCatalogue, read_source
+from cutfs.codec.sources.arrow_dataset import read_parquet_cell
+from cutfs.codec.storage import LocalStorage, Storage
 
 INDEX_FILE: Final = "source-index.json"
 INDEX_FORMAT: Final = "cutfs-source-index"
@@ -109,7 +109,7 @@ def default_cache_root() -> str:
 def prepare_index(source: str, cache_root: str) -> str:
     """The index directory for ``source``, written or rewritten if the source changed.
 
-    Raises :class:`codec.errors.SourceError` for unreadable input or a cache
+    Raises :class:`cutfs.codec.errors.SourceError` for unreadable input or a cache
     root that cannot be written.
     """
     source = os.path.abspath(source)

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from codec.cut import seconds_to_frames
-from vfs.path_escape import escape_id
+from cutfs.codec.cut import seconds_to_frames
+from cutfs.vfs.path_escape import escape_id
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 READ_TIMEOUT_SECONDS = 4.0
@@ -97,7 +97,16 @@ def main() -> int:
     corpus = corpus_module.make_corpus(str(work / "audio"), args.seconds)
     manifests = _write_manifests(work, corpus, corpus_module)
     subprocess.run(
-        [sys.executable, "-m", "vfs.cli", "pack", "-q", *manifests, "-o", str(work / "shards")],
+        [
+            sys.executable,
+            "-m",
+            "cutfs.vfs.cli",
+            "pack",
+            "-q",
+            *manifests,
+            "-o",
+            str(work / "shards"),
+        ],
         check=True,
         cwd=REPOSITORY,
     )
@@ -119,7 +128,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "vfs.cli",
+            "cutfs.vfs.cli",
             "mount",
             "--workers",
             "2",
@@ -135,7 +144,7 @@ def main() -> int:
         check=True,
         cwd=REPOSITORY,
     )
-    daemon = _pids(f"vfs.cli .*{mountpoint}")
+    daemon = _pids(f"cutfs.vfs.cli .*{mountpoint}")
     try:
         targets = _targets(corpus, manifests[1], mountpoint, corpus_module)
         report = _run(args, targets, mountpoint, passthrough)
@@ -283,7 +292,10 @@ def _pids(pattern: str) -> list[int]:
 
 def _decoder_pids(mountpoint: Path) -> list[int]:
     daemon = subprocess.run(
-        ["pgrep", "-f", f"vfs.cli .*{mountpoint}"], capture_output=True, text=True, check=False
+        ["pgrep", "-f", f"cutfs.vfs.cli .*{mountpoint}"],
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout.split()
     if not daemon:
         return []
@@ -330,7 +342,10 @@ def _run(
         reader.start()
     daemon = int(
         subprocess.run(
-            ["pgrep", "-f", f"vfs.cli .*{mountpoint}"], capture_output=True, text=True, check=True
+            ["pgrep", "-f", f"cutfs.vfs.cli .*{mountpoint}"],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.split()[0]
     )
     schedule = [] if args.no_faults else _schedule(args.duration)

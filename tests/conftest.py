@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from corpus import ENCODINGS, ffmpeg_decode, make_corpus, wav_header
 
-from codec.cut import seconds_to_frames
-from codec.packer import pack
-from codec.shard_set import ShardSet
-from vfs.path_escape import escape_id
+from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.packer import pack
+from cutfs.codec.shard_set import ShardSet
+from cutfs.vfs.path_escape import escape_id
 
 CORPUS_SECONDS = 30.0
 
@@ -226,7 +226,7 @@ needs_fuse = pytest.mark.skipif(
     not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
     reason="needs /dev/fuse and fusermount3",
 )
-CUTFS = [sys.executable, "-m", "vfs.cli"]
+CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
 
 
 def is_mounted(mountpoint: str) -> bool:
@@ -252,7 +252,7 @@ def unmount(mountpoint: str) -> None:
 
 def _daemon_pids(mountpoint: str) -> list[int]:
     result = subprocess.run(
-        ["pgrep", "-f", f"vfs.cli mount .* {mountpoint}$"],
+        ["pgrep", "-f", f"cutfs.vfs.cli mount .* {mountpoint}$"],
         capture_output=True,
         text=True,
         check=False,

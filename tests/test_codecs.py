@@ -8,9 +8,9 @@ import pytest
 from conftest import Reference, recording_id
 from corpus import ENCODINGS
 
-from codec.decoder import DecodeTrace
-from codec.recording import DecodeMethod
-from codec.shard_set import ShardSet
+from cutfs.codec.decoder import DecodeTrace
+from cutfs.codec.recording import DecodeMethod
+from cutfs.codec.shard_set import ShardSet
 
 NAMES = [encoding.name for encoding in ENCODINGS]
 

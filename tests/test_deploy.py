@@ -119,7 +119,7 @@ def test_an_unprivileged_user_mounts_through_fusermount3(
                 *as_nobody,
                 python,
                 "-m",
-                "vfs.cli",
+                "cutfs.vfs.cli",
                 "mount",
                 "--workers",
                 "1",

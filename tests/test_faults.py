@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from conftest import CUTFS, is_mounted, mounted, needs_fuse, unmount
 
-from codec.shard_format import CUTS_FILE, RECORDINGS_FILE
+from cutfs.codec.shard_format import CUTS_FILE, RECORDINGS_FILE
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 TESTS = Path(__file__).resolve().parent
@@ -55,7 +55,10 @@ def _in_thread(function: Callable[[], bytes], timeout: float) -> bytes | BaseExc
 
 def _decoder_pids(mountpoint: str) -> list[int]:
     daemon = subprocess.run(
-        ["pgrep", "-f", f"vfs.cli .*{mountpoint}"], capture_output=True, text=True, check=False
+        ["pgrep", "-f", f"cutfs.vfs.cli .*{mountpoint}"],
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout.split()
     children = subprocess.run(
         ["pgrep", "-P", ",".join(daemon)], capture_output=True, text=True, check=False
@@ -185,7 +188,10 @@ def test_thousands_of_open_files_cost_the_daemon_no_descriptors(
     with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "1") as mount:
         daemon = int(
             subprocess.run(
-                ["pgrep", "-f", f"vfs.cli .*{mount}"], capture_output=True, text=True, check=True
+                ["pgrep", "-f", f"cutfs.vfs.cli .*{mount}"],
+                capture_output=True,
+                text=True,
+                check=True,
             ).stdout.split()[0]
         )
         descriptors_before = len(os.listdir(f"/proc/{daemon}/fd"))

@@ -19,7 +19,7 @@ import pytest
 from conftest import CUTFS, Reference, mounted, needs_fuse
 from corpus import ffmpeg_decode
 
-from vfs.path_escape import escape_id
+from cutfs.vfs.path_escape import escape_id
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 

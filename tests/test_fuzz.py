@@ -13,17 +13,17 @@ from corpus import synthesize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec.decoder import decode_frames
-from codec.errors import CutfsError
-from codec.recording import Recording
-from codec.recording_indexer import index_recording
-from codec.seek_index import SeekIndex
-from codec.shard_set import ShardSet
-from vfs.block_cache import BlockCache
-from vfs.decode_pool import DecodePool
-from vfs.filesystem import Filesystem
-from vfs.frame_source import FrameSource
-from vfs.inode_table import CUT_INODE_BASE, RECORDING_INODE_BASE
+from cutfs.codec.decoder import decode_frames
+from cutfs.codec.errors import CutfsError
+from cutfs.codec.recording import Recording
+from cutfs.codec.recording_indexer import index_recording
+from cutfs.codec.seek_index import SeekIndex
+from cutfs.codec.shard_set import ShardSet
+from cutfs.vfs.block_cache import BlockCache
+from cutfs.vfs.decode_pool import DecodePool
+from cutfs.vfs.filesystem import Filesystem
+from cutfs.vfs.frame_source import FrameSource
+from cutfs.vfs.inode_table import CUT_INODE_BASE, RECORDING_INODE_BASE
 
 FORMATS = {
     "flac": ["-c:a", "flac"],

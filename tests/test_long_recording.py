@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from corpus import synthesize
 
-from codec.decoder import DecodeTrace
-from codec.packer import pack
-from codec.shard_set import ShardSet
+from cutfs.codec.decoder import DecodeTrace
+from cutfs.codec.packer import pack
+from cutfs.codec.shard_set import ShardSet
 
 HOURS = 2
 RATE = 8000

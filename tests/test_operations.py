@@ -15,16 +15,16 @@ import pytest
 import trio
 from conftest import Reference, copy_and_damage
 
-from codec.packer import pack
-from codec.shard_format import CUTS_FILE
-from codec.shard_set import ShardSet
-from vfs.block_cache import BlockCache
-from vfs.decode_pool import DecodePool
-from vfs.filesystem import Filesystem
-from vfs.frame_source import FrameSource
-from vfs.inode_table import ROOT_INODE
-from vfs.operations import Operations
-from vfs.statistics import Statistics
+from cutfs.codec.packer import pack
+from cutfs.codec.shard_format import CUTS_FILE
+from cutfs.codec.shard_set import ShardSet
+from cutfs.vfs.block_cache import BlockCache
+from cutfs.vfs.decode_pool import DecodePool
+from cutfs.vfs.filesystem import Filesystem
+from cutfs.vfs.frame_source import FrameSource
+from cutfs.vfs.inode_table import ROOT_INODE
+from cutfs.vfs.operations import Operations
+from cutfs.vfs.statistics import Statistics
 
 
 class Mount:

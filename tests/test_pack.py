@@ -13,11 +13,11 @@ import pyarrow as pa
 import pytest
 from conftest import Reference
 
-from codec.errors import SourceError
-from codec.packer import pack
-from codec.shard_set import ShardSet
+from cutfs.codec.errors import SourceError
+from cutfs.codec.packer import pack
+from cutfs.codec.shard_set import ShardSet
 
-CUTFS = [sys.executable, "-m", "vfs.cli"]
+CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
 
 
 def _kaldi_dir(root: Path, corpus: dict[str, str]) -> Path:

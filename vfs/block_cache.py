@@ -12,7 +12,7 @@ from typing import Final
 
 from cachetools import LRUCache
 
-from codec.pcm import Int16Array
+from cutfs.codec.pcm import Int16Array
 
 DEFAULT_BLOCK_FRAMES: Final = 1 << 15
 

@@ -14,14 +14,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from codec.errors import CutfsError
-from codec.output_format import OutputFormat
-from codec.packer import pack
-from codec.shard_writer import DEFAULT_SHARD_BYTES
-from vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
-from vfs.filesystem import CONTROL_DIR, STATS_FILE, Windows
-from vfs.mount import ExitCode, MountError, MountOptions, serve
-from vfs.operations import Ownership
+from cutfs.codec.errors import CutfsError
+from cutfs.codec.output_format import OutputFormat
+from cutfs.codec.packer import pack
+from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
+from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
+from cutfs.vfs.filesystem import CONTROL_DIR, STATS_FILE, Windows
+from cutfs.vfs.mount import ExitCode, MountError, MountOptions, serve
+from cutfs.vfs.operations import Ownership
 
 log = logging.getLogger("cutfs")
 
@@ -470,7 +470,7 @@ def _mount_in_background(args: argparse.Namespace) -> int:
     command = [
         sys.executable,
         "-m",
-        "vfs.cli",
+        "cutfs.vfs.cli",
         *args.argv,
         "--foreground",
         "--ready-fd",

@@ -32,12 +32,12 @@ from typing import Any
 
 import trio
 
-from codec.decoder import DecodeTrace
-from codec.errors import CutfsError
-from codec.library import Library, open_library
-from codec.pcm import Int16Array
-from codec.recording import Recording
-from vfs.statistics import Statistics
+from cutfs.codec.decoder import DecodeTrace
+from cutfs.codec.errors import CutfsError
+from cutfs.codec.library import Library, open_library
+from cutfs.codec.pcm import Int16Array
+from cutfs.codec.recording import Recording
+from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.decode_pool")
 
@@ -121,7 +121,7 @@ class DecodePool:
     async def decode(self, recording_index: int, first: int, end: int) -> Int16Array:
         """Frames ``[first, end)`` of a recording, as int16 (frames, channels).
 
-        Raises :class:`codec.errors.CorruptDataError` for undecodable data,
+        Raises :class:`cutfs.codec.errors.CorruptDataError` for undecodable data,
         :class:`DecodeDeadlineError` past the deadline and
         :class:`WorkerDiedError` when the worker dies.
         """
@@ -146,7 +146,7 @@ class DecodePool:
         """The plan of a recording, computed by a worker (or read from the index cache).
 
         The caller adopts it into its own library.  Raises what indexing
-        raises (:class:`codec.errors.SourceError`, ``CorruptDataError``), and
+        raises (:class:`cutfs.codec.errors.SourceError`, ``CorruptDataError``), and
         the pool's own errors past :data:`INDEX_DEADLINE_SECONDS`.
         """
         started = time.perf_counter()

@@ -10,13 +10,13 @@ Layout of a mount::
     windows/<recording id>/<start>-<end>.wav
                                    fixed windows with overlap (with ``--window``)
     wav.scp, segments, text, utt2spk, spk2utt, cuts.jsonl.gz
-                                   manifests of the cut files (see vfs.manifest_files)
+                                   manifests of the cut files (see cutfs.vfs.manifest_files)
     .cutfs/stats                   the daemon's counters, as JSON (when enabled)
 
 Every file is immutable for the life of the mount.  Errors the kernel should
 see are raised as :class:`FsError` with an errno value; failures to produce
-audio propagate as :class:`codec.errors.CutfsError`.  Turning those into
-errno values is the job of :mod:`vfs.operations`, the one boundary.
+audio propagate as :class:`cutfs.codec.errors.CutfsError`.  Turning those into
+errno values is the job of :mod:`cutfs.vfs.operations`, the one boundary.
 
 A library served in place may not know a recording's length until it is
 indexed: sizes are then found on lookup (``getattr``), which has a worker
@@ -36,12 +36,12 @@ from typing import Final
 import numpy as np
 import trio
 
-from codec.cut import seconds_to_frames
-from codec.library import AudioShape, Library
-from codec.output_format import OutputFormat
-from codec.wav_layout import HEADER_BYTES, WavLayout
-from vfs.frame_source import FrameSource
-from vfs.inode_table import (
+from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.library import AudioShape, Library
+from cutfs.codec.output_format import OutputFormat
+from cutfs.codec.wav_layout import HEADER_BYTES, WavLayout
+from cutfs.vfs.frame_source import FrameSource
+from cutfs.vfs.inode_table import (
     CUT_INODE_BASE,
     RECORDING_INODE_BASE,
     ROOT_INODE,
@@ -50,7 +50,7 @@ from vfs.inode_table import (
     InodeTable,
     NodeKind,
 )
-from vfs.manifest_files import AUDIOFOLDER_METADATA, NEEDS_LENGTHS, ManifestFiles
+from cutfs.vfs.manifest_files import AUDIOFOLDER_METADATA, NEEDS_LENGTHS, ManifestFiles
 
 CONTROL_DIR: Final = ".cutfs"
 STATS_FILE: Final = "stats"
@@ -125,7 +125,7 @@ class WavSource:
 
     ``start_frame`` is in the recording's frames; ``output_start`` is where the
     file starts in the recording as served (resampled or not), and ``layout``
-    describes the file as served (see :class:`codec.output_format.OutputFormat`).
+    describes the file as served (see :class:`cutfs.codec.output_format.OutputFormat`).
     """
 
     recording_index: int

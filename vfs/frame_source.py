@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 import trio
 
-from codec.errors import ManifestMismatchError
-from codec.library import Library
-from codec.pcm import Int16Array
-from vfs.block_cache import BlockCache, BlockKey
-from vfs.decode_pool import DecodeDeadlineError, DecodePool
-from vfs.statistics import Statistics
+from cutfs.codec.errors import ManifestMismatchError
+from cutfs.codec.library import Library
+from cutfs.codec.pcm import Int16Array
+from cutfs.vfs.block_cache import BlockCache, BlockKey
+from cutfs.vfs.decode_pool import DecodeDeadlineError, DecodePool
+from cutfs.vfs.statistics import Statistics
 
 #: The most blocks decoded ahead of a read (48 blocks of 32 768 frames: 98 s at 16 kHz).
 MAX_READAHEAD_BLOCKS = 48
@@ -75,7 +75,7 @@ class FrameSource:
         cache for the reads that follow: a cut is decoded in one pass from one
         seek point instead of once per kernel read.
 
-        Raises what decoding raises (:class:`codec.errors.CorruptDataError`)
+        Raises what decoding raises (:class:`cutfs.codec.errors.CorruptDataError`)
         when a block cannot be decoded; the failure is not cached.
         """
         started = time.perf_counter() if self._profile is not None else 0.0

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
-from vfs.path_escape import escape_id
+from cutfs.vfs.path_escape import escape_id
 
 ROOT_INODE: Final = 1
 CUT_INODE_BASE: Final = 1 << 40
@@ -114,7 +114,7 @@ class InodeTable:
 
         Returns the relative path (from ``parent``) of every file.  Ids whose
         path clashes with an earlier one's are escaped (see
-        :mod:`vfs.path_escape`).
+        :mod:`cutfs.vfs.path_escape`).
         """
         paths: dict[int, str] = {}
         for number, identifier in enumerate(ids):

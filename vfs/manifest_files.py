@@ -23,9 +23,9 @@ import os
 from collections.abc import Callable
 from typing import Any, Final
 
-from codec.errors import CutfsError
-from codec.library import Library
-from codec.wav_layout import WavLayout
+from cutfs.codec.errors import CutfsError
+from cutfs.codec.library import Library
+from cutfs.codec.wav_layout import WavLayout
 
 log = logging.getLogger("cutfs.manifest_files")
 

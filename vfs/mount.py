@@ -21,19 +21,19 @@ from dataclasses import asdict, dataclass, field
 import pyfuse3
 import trio
 
-from codec.errors import CutfsError, ShardFormatError, SourceError
-from codec.library import Library
-from codec.output_format import OutputFormat
-from codec.shard_format import MANIFEST_FILE
-from codec.shard_set import ShardSet
-from codec.source_index import SourceIndex, default_cache_root, prepare_index
-from vfs import kernel_tuning
-from vfs.block_cache import DEFAULT_BLOCK_FRAMES, BlockCache
-from vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
-from vfs.filesystem import Filesystem, Windows
-from vfs.frame_source import FrameSource
-from vfs.operations import Operations, Ownership
-from vfs.statistics import Statistics
+from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
+from cutfs.codec.library import Library
+from cutfs.codec.output_format import OutputFormat
+from cutfs.codec.shard_format import MANIFEST_FILE
+from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
+from cutfs.vfs import kernel_tuning
+from cutfs.vfs.block_cache import DEFAULT_BLOCK_FRAMES, BlockCache
+from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
+from cutfs.vfs.filesystem import Filesystem, Windows
+from cutfs.vfs.frame_source import FrameSource
+from cutfs.vfs.operations import Operations, Ownership
+from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.mount")
 

@@ -1,4 +1,4 @@
-"""The pyfuse3 Operations: a thin adapter over :class:`vfs.filesystem.Filesystem`.
+"""The pyfuse3 Operations: a thin adapter over :class:`cutfs.vfs.filesystem.Filesystem`.
 
 This is the one place where exceptions become errno values.  pyfuse3 only
 understands :class:`pyfuse3.FUSEError`; anything else raised by a handler can
@@ -28,9 +28,9 @@ from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 
-from codec.errors import CutfsError
-from vfs.filesystem import Attributes, Filesystem, FsError
-from vfs.statistics import Statistics
+from cutfs.codec.errors import CutfsError
+from cutfs.vfs.filesystem import Attributes, Filesystem, FsError
+from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.operations")
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 
-from codec.errors import SourceError
-from codec.sources.arrow_dataset import is_arrow_dataset, read_arrow_dataset
-from codec.sources.audio_dir import read_audio_dir
-from codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
-from codec.sources.kaldi_dir import is_kaldi_dir, read_kaldi_dir
-from codec.sources.lhotse_manifest import find_manifests, is_lhotse_manifest, read_lhotse
-from codec.sources.tar_archive import (
+from cutfs.codec.errors import SourceError
+from cutfs.codec.sources.arrow_dataset import is_arrow_dataset, read_arrow_dataset
+from cutfs.codec.sources.audio_dir import read_audio_dir
+from cutfs.codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.sources.kaldi_dir import is_kaldi_dir, read_kaldi_dir
+from cutfs.codec.sources.lhotse_manifest import find_manifests, is_lhotse_manifest, read_lhotse
+from cutfs.codec.sources.tar_archive import (
     is_lhotse_shar,
     is_webdataset,
     read_lhotse_shar,

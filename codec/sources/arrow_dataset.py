@@ -34,8 +34,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from codec.errors import SourceError
-from codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.errors import SourceError
+from cutfs.codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
 
 _ID_COLUMNS = ("id", "recording_id", "key", "__key__")
 _SEGMENT_LISTS = ("segments.jsonl", "segments.csv", "segments.tsv")

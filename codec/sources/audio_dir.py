@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from codec.errors import SourceError
-from codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.errors import SourceError
+from cutfs.codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
 
 AUDIO_EXTENSIONS = frozenset(
     {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from codec.errors import SourceError
+from cutfs.codec.errors import SourceError
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from codec.errors import SourceError
-from codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.errors import SourceError
+from cutfs.codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
 
 
 def is_kaldi_dir(path: str) -> bool:

@@ -15,8 +15,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from codec.errors import SourceError
-from codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.errors import SourceError
+from cutfs.codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
 
 _SUPERVISION_FIELDS = ("speaker", "text", "language", "gender")
 

@@ -21,8 +21,8 @@ import os
 import tarfile
 from typing import Any
 
-from codec.errors import SourceError
-from codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.errors import SourceError
+from cutfs.codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
 
 AUDIO_MEMBER_EXTENSIONS = frozenset(
     {"wav", "flac", "mp3", "ogg", "oga", "opus", "m4a", "aac", "mp4", "webm", "mka", "sph"}
