@@ -29,6 +29,13 @@ from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording, pts_to_f
 from cutfs.codec.seek_index import SeekPoint
 
 _SIGNED_BITS = {"s16": 16, "s16p": 16, "s32": 32, "s32p": 32}
+#: The demuxers cutfs lets FFmpeg use (short names; FFmpeg matches any alias).  Media
+#: come from other people: a playlist or session demuxer (concat, hls, sdp) named
+#: ``x.wav`` would open other files, fetch URLs or bind sockets.
+SAFE_DEMUXERS = "wav,w64,flac,mp3,ogg,mov,aac,matroska,asf,wv,aiff,caf,nistsphere"
+#: Options for every FFmpeg input: only :data:`SAFE_DEMUXERS`, and no protocol at all,
+#: so that no demuxer opens anything besides the bytes it is given.
+_SAFE_INPUT: dict[str, str] = {"format_whitelist": SAFE_DEMUXERS, "protocol_whitelist": ""}
 _FLOAT_FORMATS = frozenset({"flt", "fltp"})
 
 
@@ -92,6 +99,15 @@ def decode_frames(
             f"cannot decode frames [{first}, {end}): {ffmpeg_message(exc)}",
             where=recording.recording_id,
         ) from exc
+
+
+def open_input(reader: Any, container_format: str | None = None) -> Any:
+    """An FFmpeg demuxer over a file object, restricted to :data:`SAFE_DEMUXERS`.
+
+    Raises ``av.error.FFmpegError`` (``ArgumentError`` for a format outside
+    the list) like ``av.open``.
+    """
+    return av.open(reader, mode="r", format=container_format, container_options=_SAFE_INPUT)
 
 
 def ffmpeg_message(error: Exception) -> str:
@@ -172,7 +188,7 @@ def _decoded_frames(
     staging: npt.NDArray[np.float32] | None = None
     filled = first  # every frame before this position is in ``output``
     reader = _reader_at(blob, recording, point)
-    with reader, av.open(reader, mode="r", format=recording.container_format) as container:
+    with reader, open_input(reader, recording.container_format) as container:
         stream = container.streams.audio[0]
         if recording.method is DecodeMethod.SEEK and point.sample > recording.seek_index.samples[0]:
             timeline_frames = max(point.sample + recording.timeline_origin, 0)

@@ -21,6 +21,7 @@ from cutfs.codec.cut import Cut
 from cutfs.codec.decoder import DecodeTrace
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
+from cutfs.codec.source_policy import SourcePolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +97,14 @@ class Library(Protocol):
     def close(self) -> None: ...
 
 
-def open_library(directory: str) -> Library:
-    """Open a shard directory or a source index directory, whichever ``directory`` is."""
+def open_library(directory: str, policy: SourcePolicy | None = None) -> Library:
+    """Open a shard directory or a source index directory, whichever ``directory`` is.
+
+    ``policy`` is what a source index was prepared with (shards need none).
+    """
     from cutfs.codec.shard_set import ShardSet  # noqa: PLC0415 - the two import this module
     from cutfs.codec.source_index import INDEX_FILE, SourceIndex  # noqa: PLC0415
 
     if os.path.exists(os.path.join(directory, INDEX_FILE)):
-        return SourceIndex(directory, load_cuts=False)
+        return SourceIndex(directory, load_cuts=False, policy=policy)
     return ShardSet(directory, load_cuts=False)

@@ -12,17 +12,18 @@ never touches an existing directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 
+from cutfs.codec.command_runner import CommandLimits, run_command
 from cutfs.codec.cut import Cut, seconds_to_frames
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.recording import Recording
@@ -187,21 +188,15 @@ def _extract(source: SourceRecording, staging: str) -> str:
 
 
 def _run_command(source: SourceRecording, staging: str) -> str:
+    """Run a recording's command as the user packing, within :class:`CommandLimits`."""
     descriptor, path = tempfile.mkstemp(prefix="command-", suffix=".audio", dir=staging)
-    with os.fdopen(descriptor, "wb") as output:
-        result = subprocess.run(
-            ["/bin/sh", "-c", source.command or ""],
-            stdout=output,
-            stderr=subprocess.PIPE,
-            check=False,
-        )
-    if result.returncode != 0:
-        message = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+    os.close(descriptor)
+    try:
+        run_command(source.command or "", path, CommandLimits(), source.described_in)
+    except SourceError as exc:
         raise SourceError(
-            f"recording {source.recording_id!r}: command exited with status "
-            f"{result.returncode}: {message[0]}",
-            where=source.described_in,
-        )
+            f"recording {source.recording_id!r}: {exc.message}", where=source.described_in
+        ) from exc
     return path
 
 
@@ -229,7 +224,10 @@ class _mapped:  # noqa: N801 - used as a context manager, like open()
         if self._view is not None:
             self._view.release()
         if self._map is not None:
-            self._map.close()
+            # A decoder that failed may still hold a view in its traceback: the map then
+            # closes when the last view goes.
+            with contextlib.suppress(BufferError):
+                self._map.close()
 
     def _describe(self) -> str:
         if self._source is None:

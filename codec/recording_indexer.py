@@ -25,8 +25,15 @@ from typing import Any, Final
 import av
 import numpy as np
 
-from cutfs.codec.decoder import SpliceReader, decode_frames, ffmpeg_message, frame_to_s16
+from cutfs.codec.decoder import (
+    SpliceReader,
+    decode_frames,
+    ffmpeg_message,
+    frame_to_s16,
+    open_input,
+)
 from cutfs.codec.errors import CorruptDataError, UnsupportedAudioError
+from cutfs.codec.limits import check_shape
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording
 from cutfs.codec.riff import parse_riff_wave
@@ -90,6 +97,19 @@ def index_recording(blob: memoryview, recording_id: str, workdir: str) -> Indexe
     Raises :class:`UnsupportedAudioError` when the bytes hold no decodable
     audio stream and :class:`CorruptDataError` when decoding fails part way.
     """
+    indexed = _index(blob, recording_id, workdir)
+    recording = indexed.recording
+    check_shape(
+        recording.sample_rate,
+        recording.channels,
+        recording.num_frames,
+        where=recording_id,
+        error=UnsupportedAudioError,
+    )
+    return indexed
+
+
+def _index(blob: memoryview, recording_id: str, workdir: str) -> IndexedRecording:
     wave = parse_riff_wave(blob)
     if wave is not None:
         recording = Recording(
@@ -194,7 +214,7 @@ class _Scan:
 def _scan(blob: memoryview, recording_id: str) -> _Scan:
     scan = _Scan(recording_id)
     try:
-        container = av.open(_reader(blob), mode="r")
+        container = open_input(_reader(blob))
     except av.error.FFmpegError as exc:
         raise UnsupportedAudioError(
             f"not a readable audio file ({ffmpeg_message(exc)})", where=recording_id
@@ -336,7 +356,7 @@ def _seeks_match(blob: memoryview, recording: Recording, scan: _Scan) -> bool:
 def _transcode_to_flac(blob: memoryview, recording_id: str, workdir: str) -> str:
     descriptor, path = tempfile.mkstemp(prefix="transcoded-", suffix=".flac", dir=workdir)
     os.close(descriptor)
-    with av.open(_reader(blob), mode="r") as source, av.open(path, mode="w", format="flac") as sink:
+    with open_input(_reader(blob)) as source, av.open(path, mode="w", format="flac") as sink:
         stream = source.streams.audio[0]
         encoder: Any = None
         pts = 0

@@ -17,6 +17,7 @@ from cutfs.codec.cut_table import CutTable
 from cutfs.codec.decoder import DecodeTrace, decode_frames
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.library import AudioShape
+from cutfs.codec.limits import check_shape
 from cutfs.codec.pcm import Int16Array, sample_bytes
 from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording
 from cutfs.codec.seek_index import SeekIndex
@@ -277,17 +278,38 @@ def _read_manifest(directory: str) -> dict[str, Any]:
             f"(this cutfs reads version {FORMAT_VERSION})",
             where=path,
         )
-    if not isinstance(manifest.get("shards"), list):
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(shard, dict) for shard in shards):
         raise ShardFormatError("the manifest lists no shards", where=path)
+    for shard in shards:
+        name = shard.get("file")
+        if not isinstance(name, str) or not _is_plain_file_name(name):
+            raise ShardFormatError(
+                f"shard file name {name!r} is not a plain name in the shard directory", where=path
+            )
     return manifest
 
 
+def _is_plain_file_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
+
+
 def recording_from_row(row: dict[str, Any]) -> Recording:
+    where = str(row.get("recording_id"))
+    check_shape(
+        row.get("sample_rate"),
+        row.get("channels"),
+        row.get("num_frames"),
+        where=where,
+        error=ShardFormatError,
+    )
     try:
-        if row["sample_rate"] <= 0 or row["channels"] <= 0 or row["num_frames"] < 0:
-            raise ValueError("sample rate, channels and length must be positive")
-        if row["header_bytes"] < 0 or row["preroll_frames"] < 0:
-            raise ValueError("negative header size or pre-roll")
+        if not 0 <= row["header_bytes"] < 1 << 40 or not 0 <= row["preroll_frames"] < 1 << 40:
+            raise ValueError("header size or pre-roll out of range")
+        if not -(1 << 62) < row["timeline_origin"] < 1 << 62:
+            raise ValueError("timeline origin out of range")
+        if row["time_base_numerator"] < 0 or row["time_base_denominator"] < 0:
+            raise ValueError("negative time base")
         return Recording(
             recording_id=row["recording_id"],
             sample_rate=row["sample_rate"],
@@ -305,7 +327,5 @@ def recording_from_row(row: dict[str, Any]) -> Recording:
             preroll_frames=row["preroll_frames"],
             transcoded_from=row["transcoded_from"],
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ShardFormatError(
-            f"invalid recording row: {exc}", where=str(row.get("recording_id"))
-        ) from exc
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise ShardFormatError(f"invalid recording row: {exc}", where=where) from exc

@@ -22,7 +22,8 @@ name and renamed, so processes indexing the same recording at once are safe.
 
 Manifests that declare a recording's rate, channels and length (Lhotse) give
 file sizes without decoding anything.  When the audio disagrees, Lhotse's
-rule applies (``LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE``, 0.025 s): a
+rule applies (``LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE`` from the
+environment, else Lhotse's default of 0.5 s; see :func:`duration_tolerance_seconds`): a
 recording up to that much shorter is padded by reflecting its last frames, as
 Lhotse pads what it loads; longer audio is cut at the declared length; frames
 beyond the tolerance fail with :class:`cutfs.codec.errors.ManifestMismatchError`.
@@ -35,7 +36,7 @@ import hashlib
 import json
 import math
 import os
-import subprocess
+import stat
 import tempfile
 from collections.abc import Sequence
 from typing import Any, Final
@@ -43,30 +44,42 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
+from cutfs.codec.command_runner import run_command
 from cutfs.codec.cut import Cut, seconds_to_frames
 from cutfs.codec.cut_table import CutTable
 from cutfs.codec.decoder import DecodeTrace, decode_frames
 from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
 from cutfs.codec.library import AudioShape
+from cutfs.codec.limits import (
+    MAX_CHANNELS,
+    MAX_FRAMES,
+    MAX_RECORDING_SECONDS,
+    MAX_SAMPLE_RATE_HZ,
+)
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
 from cutfs.codec.recording_indexer import index_recording
 from cutfs.codec.shard_format import RECORDINGS_SCHEMA, int_column, read_table
 from cutfs.codec.shard_set import recording_from_row
 from cutfs.codec.shard_writer import recording_row
-from cutfs.codec.sources import SourceCatalogue, read_source
+from cutfs.codec.source_policy import SourcePolicy
+from cutfs.codec.sources import Refusals, SourceCatalogue, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 from cutfs.codec.storage import LocalStorage, Storage
 
 INDEX_FILE: Final = "source-index.json"
 INDEX_FORMAT: Final = "cutfs-source-index"
 #: Bumped when plans or tables change meaning: older index directories are rebuilt.
-INDEX_VERSION: Final = 1
+INDEX_VERSION: Final = 2
 _RECORDINGS: Final = "recordings.arrow"
 _CUTS: Final = "cuts.arrow"
 _PLANS: Final = "plans"
-#: Lhotse's default for LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE.
-DURATION_TOLERANCE_SECONDS: Final = 0.025
+#: Messages about refused entries kept in the index file (the count is always exact).
+_REFUSALS_KEPT: Final = 1000
+#: Lhotse's default for LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE (lhotse.audio.utils).
+DURATION_TOLERANCE_SECONDS: Final = 0.5
+#: The most a tolerance from the environment may be (a mistyped value must not pad minutes).
+_MAX_TOLERANCE_SECONDS: Final = 60.0
 
 _CATALOGUE_RECORDINGS: Final = pa.schema(
     [
@@ -95,37 +108,72 @@ _CATALOGUE_CUTS: Final = pa.schema(
 _PLAN_SCHEMA: Final = RECORDINGS_SCHEMA.append(pa.field("blob_offset", pa.int64()))
 
 
+def duration_tolerance_seconds() -> float:
+    """How much audio may differ from its manifest's length, as Lhotse decides it.
+
+    ``LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE`` when it is set to a number in
+    ``[0, 60]`` seconds, else :data:`DURATION_TOLERANCE_SECONDS`.  Raises
+    :class:`SourceError` for a value that is set but is not such a number.
+    """
+    text = os.environ.get("LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE")
+    if text is None:
+        return DURATION_TOLERANCE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= _MAX_TOLERANCE_SECONDS:
+        raise SourceError(
+            f"must be a number of seconds in [0, {_MAX_TOLERANCE_SECONDS:g}], not {text!r}",
+            where="LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE",
+        )
+    return value
+
+
 def default_cache_root() -> str:
-    """Where index directories go unless told: ``$CUTFS_CACHE_DIR``, else per user or system."""
-    explicit = os.environ.get("CUTFS_CACHE_DIR")
-    if explicit:
-        return explicit
+    """Where index directories go unless told: ``$CUTFS_CACHE_DIR``, systemd's
+    ``$CACHE_DIRECTORY``, else ``/var/cache/cutfs`` for root and ``~/.cache/cutfs`` for others."""
+    explicit = os.environ.get("CUTFS_CACHE_DIR") or os.environ.get("CACHE_DIRECTORY")
+    if explicit:  # CACHE_DIRECTORY: what systemd's CacheDirectory= made (the first of them)
+        return explicit.split(":")[0]
     if os.geteuid() == 0:
         return "/var/cache/cutfs"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "cutfs")
 
 
-def prepare_index(source: str, cache_root: str) -> str:
+def prepare_index(source: str, cache_root: str, policy: SourcePolicy | None = None) -> str:
     """The index directory for ``source``, written or rewritten if the source changed.
 
-    Raises :class:`cutfs.codec.errors.SourceError` for unreadable input or a cache
-    root that cannot be written.
+    Entries of the source that ``policy`` does not allow (files outside its
+    roots, commands) are refused like invalid ones.  The cache root and the
+    index directory are private to the user this process runs as (see
+    :func:`private_directory`).  Raises :class:`cutfs.codec.errors.SourceError`
+    for unreadable input or a cache that cannot be used.
     """
     source = os.path.abspath(source)
+    policy = policy or SourcePolicy.for_source(source)
     key = hashlib.sha256(source.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    private_directory(cache_root)
     directory = os.path.join(cache_root, key)
     stamp = _stamp(source)
+    rules = _policy_stamp(policy)
     current = _read_index_file(directory)
     if (
         current is not None
         and current.get("version") == INDEX_VERSION
         and current.get("stamp") == stamp
+        and current.get("policy") == rules
     ):
+        private_directory(directory)
+        private_directory(os.path.join(directory, _PLANS))
         return directory
-    catalogue = read_source([source])
+    refusals = Refusals(strict=False)
+    catalogue = read_source([source], refusals)
+    _confine(catalogue, policy, refusals)
     try:
-        os.makedirs(os.path.join(directory, _PLANS), exist_ok=True)
+        private_directory(directory)
+        private_directory(os.path.join(directory, _PLANS))
         _write_table(os.path.join(directory, _RECORDINGS), _recordings_table(catalogue))
         _write_table(os.path.join(directory, _CUTS), _cuts_table(catalogue))
         info = {
@@ -134,6 +182,9 @@ def prepare_index(source: str, cache_root: str) -> str:
             "source": source,
             "kind": catalogue.kind,
             "stamp": stamp,
+            "policy": rules,
+            "refused_count": len(catalogue.refused),
+            "refused": catalogue.refused[:_REFUSALS_KEPT],
         }
         _write_atomically(os.path.join(directory, INDEX_FILE), json.dumps(info).encode())
     except OSError as exc:
@@ -144,18 +195,95 @@ def prepare_index(source: str, cache_root: str) -> str:
     return directory
 
 
+def private_directory(path: str) -> None:
+    """Make sure ``path`` is a directory only this process's user can reach and write.
+
+    It is created (mode 0700) if missing.  An existing one must be a real
+    directory (not a link), owned by this user, and writable by nobody else:
+    a cache that others can write could plant plans that serve other audio.
+    Raises :class:`SourceError` saying what is wrong.
+    """
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        status = os.lstat(path)
+    except OSError as exc:
+        raise SourceError(
+            f"cannot create the index cache: {exc.strerror} (choose another with --cache-dir)",
+            where=path,
+        ) from exc
+    user = os.geteuid()
+    if not stat.S_ISDIR(status.st_mode):
+        raise SourceError("the index cache is not a directory (a link?)", where=path)
+    if status.st_uid != user:
+        raise SourceError(
+            f"the index cache belongs to uid {status.st_uid}, not to this daemon's user "
+            f"{user}: choose a private directory with --cache-dir",
+            where=path,
+        )
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise SourceError(
+            "the index cache is writable by its group or others: choose a private "
+            "directory with --cache-dir (or chmod go-w it)",
+            where=path,
+        )
+    if status.st_mode & 0o077:
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700)
+
+
+def _policy_stamp(policy: SourcePolicy) -> dict[str, Any]:
+    """What of the policy decides the catalogue: a cached one made under other rules is redone."""
+    return {"roots": list(policy.allowed_roots), "commands": policy.allow_commands}
+
+
+def _confine(catalogue: SourceCatalogue, policy: SourcePolicy, refusals: Refusals) -> None:
+    """Refuse the recordings ``policy`` does not allow, and their cuts."""
+    allowed = []
+    for recording in catalogue.recordings:
+        where = f"{recording.described_in} (recording {recording.recording_id!r})"
+        with refusals.entry():
+            if recording.command is not None:
+                policy.check_command_file(_defining_file(recording.described_in), where)
+            elif recording.path is not None:
+                policy.check_file(recording.path, where)
+            allowed.append(recording)
+    if len(allowed) == len(catalogue.recordings):
+        return
+    catalogue.recordings = allowed
+    catalogue.check(refusals)
+
+
+def _defining_file(described_in: str) -> str:
+    """The file named in ``path:line`` (where a recording is described)."""
+    path, _, line = described_in.rpartition(":")
+    return path if path and line.isdigit() else described_in
+
+
 class SourceIndex:
     """An index directory opened for serving (see the module docstring)."""
 
     def __init__(
-        self, directory: str, storage: Storage | None = None, *, load_cuts: bool = True
+        self,
+        directory: str,
+        storage: Storage | None = None,
+        *,
+        load_cuts: bool = True,
+        policy: SourcePolicy | None = None,
     ) -> None:
+        """Open an index directory that :func:`prepare_index` wrote.
+
+        ``policy`` must be the one the index was prepared with (default: the
+        source's own location, no commands); files are opened through it.
+        """
         self.directory = directory
         info = _read_index_file(directory)
         if info is None or info.get("version") != INDEX_VERSION:
             raise ShardFormatError("not a current cutfs source index", where=directory)
         self.info = info
-        self.storage: Storage = storage or LocalStorage("/")
+        source = str(info.get("source"))
+        self.policy = (policy or SourcePolicy.for_source(source)).with_root(directory)
+        self._tolerance_seconds = duration_tolerance_seconds()
+        self.storage: Storage = storage or LocalStorage("/", opener=self.policy.open_file)
         recordings = read_table(os.path.join(directory, _RECORDINGS))
         self._recording_ids: list[str] = recordings.column("recording_id").to_pylist()
         self._paths: list[str | None] = recordings.column("path").to_pylist()
@@ -185,6 +313,30 @@ class SourceIndex:
         ):
             raise ShardFormatError(
                 "a cut refers to a recording that does not exist", where=directory
+            )
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        """Refuse catalogue tables whose numbers the readers would never have written."""
+        rates, channels, frames = (
+            self._declared_rates,
+            self._declared_channels,
+            self._declared_frames,
+        )
+        starts, durations = self._cut_starts, self._cut_durations
+        bad = [
+            bool(((rates < 0) | (rates > MAX_SAMPLE_RATE_HZ)).any()),
+            bool(((channels < 0) | (channels > MAX_CHANNELS)).any()),
+            bool(((frames < -1) | (frames > MAX_FRAMES)).any()),
+            bool(((self._offsets < 0) | (self._lengths < -1)).any()),
+            not bool(np.isfinite(starts).all()),
+            bool(((starts < 0) | (starts > MAX_RECORDING_SECONDS)).any()),
+            bool(((durations < 0) | (durations > MAX_RECORDING_SECONDS)).any()),
+        ]
+        if any(bad):
+            raise ShardFormatError(
+                "the catalogue holds numbers out of range (not written by cutfs?)",
+                where=self.directory,
             )
 
     def close(self) -> None:
@@ -219,7 +371,20 @@ class SourceIndex:
             "recordings_indexed": len(self._plans),
             "cuts": self.num_cuts,
             "manifest_mismatches": len(self.mismatches),
+            "refused_entries": self.refused_count,
         }
+
+    @property
+    def refused_count(self) -> int:
+        """Entries of the source left out because they were invalid (see ``refused``)."""
+        count = self.info.get("refused_count", 0)
+        return count if isinstance(count, int) else 0
+
+    @property
+    def refused(self) -> list[str]:
+        """Messages about the first refused entries."""
+        messages = self.info.get("refused", [])
+        return [str(m) for m in messages] if isinstance(messages, list) else []
 
     def cut_recording(self, index: int) -> int:
         return int(self._cut_recordings[index])
@@ -294,7 +459,7 @@ class SourceIndex:
         declared = self.declared(recording_index)
         if declared is None:
             return 0
-        return math.ceil(DURATION_TOLERANCE_SECONDS * declared.sample_rate)
+        return math.ceil(self._tolerance_seconds * declared.sample_rate)
 
     # -- plans ------------------------------------------------------------------------------
 
@@ -332,14 +497,14 @@ class SourceIndex:
                     f"recording {recording_id!r}: the manifest declares {declared.num_frames} "
                     f"frames, the audio has {recording.num_frames} ({difference:+d}, "
                     f"{difference / declared.sample_rate:+.4f} s; Lhotse's tolerance is "
-                    f"{DURATION_TOLERANCE_SECONDS} s)"
+                    f"{self._tolerance_seconds:g} s)"
                 )
         self._plans[recording_index] = recording
 
     def _load_or_compute(self, recording_index: int) -> Recording:
         key = self._plan_key(recording_index)
         plan_path = os.path.join(self.directory, _PLANS, f"{key}.arrow")
-        loaded = self._load_plan(plan_path, recording_index)
+        loaded = self._load_plan(plan_path, recording_index, key)
         if loaded is not None:
             return loaded
         return self._compute_plan(recording_index, key, plan_path)
@@ -363,18 +528,49 @@ class SourceIndex:
         identity = f"{INDEX_VERSION}\0{identity}"
         return hashlib.sha256(identity.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
-    def _load_plan(self, plan_path: str, recording_index: int) -> Recording | None:
+    def _load_plan(self, plan_path: str, recording_index: int, key: str) -> Recording | None:
+        """A cached plan, if there is one and it holds up; ``None`` means compute it.
+
+        A cached plan is checked like a shard's recording row: its numbers in
+        range, its audio the file this recording's catalogue entry names (or
+        the cache's own copy of it), its byte range inside that file, and its
+        seek index inside its bytes.  One that fails is logged by the caller
+        as recomputed, never served.
+        """
         try:
             row = read_table(plan_path).to_pylist()[0]
-        except (ShardFormatError, IndexError):
-            return None  # not computed yet, or unreadable: compute it again
-        recording = recording_from_row(row)
-        self._blobs[recording_index] = (
-            str(row["source"]),
-            int(row["blob_offset"]),
-            int(row["blob_offset"]) + int(row["stored_bytes"]),
-        )
+            recording = recording_from_row(row)
+            blob = self._checked_blob(row, recording, recording_index, key)
+        except (ShardFormatError, IndexError, KeyError, TypeError, ValueError, OSError):
+            return None  # not computed yet, unreadable or not to be trusted: compute it again
+        self._blobs[recording_index] = blob
         return recording
+
+    def _checked_blob(
+        self, row: dict[str, Any], recording: Recording, recording_index: int, key: str
+    ) -> tuple[str, int, int]:
+        if recording.recording_id != self._recording_ids[recording_index]:
+            raise ValueError("the plan is of another recording")
+        source, offset, stored = str(row["source"]), int(row["blob_offset"]), row["stored_bytes"]
+        plans = os.path.join(self.directory, _PLANS)
+        if source == os.path.join(plans, f"{key}.flac"):
+            expected_offset = 0
+        elif self._commands[recording_index] is not None or self._parquet_columns[recording_index]:
+            expected_offset = 0
+            if source != os.path.join(plans, f"{key}.audio"):
+                raise ValueError("the plan's audio is not the cache's copy")
+        else:
+            expected_offset = int(self._offsets[recording_index])
+            if source != self._source_path(recording_index):
+                raise ValueError("the plan's audio is not the recording's file")
+        if offset != expected_offset or not isinstance(stored, int) or stored <= 0:
+            raise ValueError("the plan's byte range is not the recording's")
+        if offset + stored > os.stat(source).st_size:
+            raise ValueError("the plan's byte range ends after its file")
+        offsets = recording.seek_index.byte_offsets
+        if recording.header_bytes > stored or offsets[0] < 0 or offsets[-1] >= stored:
+            raise ValueError("the plan's seek index points outside its bytes")
+        return source, offset, offset + stored
 
     def _compute_plan(self, recording_index: int, key: str, plan_path: str) -> Recording:
         plans = os.path.join(self.directory, _PLANS)
@@ -410,7 +606,10 @@ class SourceIndex:
         if command is not None:
             path = os.path.join(self.directory, _PLANS, f"{key}.audio")
             if not os.path.exists(path):
-                _run_command(command, path, self._where(recording_index))
+                where = self._where(recording_index)
+                defining_file = _defining_file(self._described_in[recording_index])
+                self.policy.check_command_file(defining_file, where)
+                run_command(command, path, self.policy.command_limits, where)
             return path, 0, os.path.getsize(path)
         path = self._source_path(recording_index)
         offset = int(self._offsets[recording_index])
@@ -471,21 +670,6 @@ class SourceIndex:
         path, start, stop = self._blobs[recording_index]
         blob = self.storage.open_shard(path)[start:stop]
         return decode_frames(blob, plan, first, end, trace)
-
-
-def _run_command(command: str, output_path: str, where: str) -> None:
-    partial = f"{output_path}.{os.getpid()}.partial"
-    with open(partial, "wb") as output:
-        result = subprocess.run(
-            ["/bin/sh", "-c", command], stdout=output, stderr=subprocess.PIPE, check=False
-        )
-    if result.returncode != 0:
-        os.unlink(partial)
-        message = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        raise SourceError(
-            f"command exited with status {result.returncode}: {message[0]}", where=where
-        )
-    os.replace(partial, output_path)
 
 
 def _stamp(source: str) -> str:
@@ -568,7 +752,7 @@ def _write_atomically(path: str, data: bytes) -> None:
     try:
         with os.fdopen(descriptor, "wb") as output:
             output.write(data)
-        os.chmod(partial, 0o644)
+        os.chmod(partial, 0o600)
         os.replace(partial, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -581,5 +765,6 @@ __all__ = [
     "INDEX_FILE",
     "SourceIndex",
     "default_cache_root",
+    "duration_tolerance_seconds",
     "prepare_index",
 ]

@@ -9,9 +9,12 @@ added by implementing the same two methods.
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
+import stat
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -39,9 +42,18 @@ class LocalStorage:
     would pull megabytes per cut from slow storage.
     """
 
-    def __init__(self, directory: str, max_open_maps: int = 1024) -> None:
+    def __init__(
+        self,
+        directory: str,
+        max_open_maps: int = 1024,
+        opener: Callable[[str], int] | None = None,
+    ) -> None:
+        """``opener`` opens a path for reading and returns a descriptor; the default
+        refuses anything but a regular file (see :class:`cutfs.codec.source_policy.SourcePolicy`
+        for one that also confines paths)."""
         self._directory = directory
         self._max_open_maps = max_open_maps
+        self._opener = opener or _open_regular_file
         self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
 
     def open_shard(self, name: str) -> memoryview:
@@ -50,9 +62,11 @@ class LocalStorage:
         within the kernel's limit on maps per process."""
         mapped = self._maps.get(name)
         if mapped is None:
-            path = os.path.join(self._directory, name)
-            with open(path, "rb") as shard_file:
-                mapped = mmap.mmap(shard_file.fileno(), 0, access=mmap.ACCESS_READ)
+            descriptor = self._opener(os.path.join(self._directory, name))
+            try:
+                mapped = mmap.mmap(descriptor, 0, access=mmap.ACCESS_READ)
+            finally:
+                os.close(descriptor)
             if hasattr(mmap, "MADV_RANDOM"):
                 mapped.madvise(mmap.MADV_RANDOM)
             self._maps[name] = mapped
@@ -79,3 +93,12 @@ class LocalStorage:
             with contextlib.suppress(BufferError):
                 mapped.close()
         self._maps.clear()
+
+
+def _open_regular_file(path: str) -> int:
+    """A read-only descriptor of a regular file; never blocks on a FIFO."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return descriptor

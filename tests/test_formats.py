@@ -159,7 +159,10 @@ def test_arrow_rows_without_bytes_name_their_file(
     path = str(dataset / "data-00000-of-00001.arrow")
     with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    with mounted(str(dataset), str(tmp_path / "mnt"), "--cache-dir", str(tmp_path / "c")) as mnt:
+    allow = ("--allow-root", os.path.dirname(corpus["mp3_cbr_mono_16k.mp3"]))
+    with mounted(
+        str(dataset), str(tmp_path / "mnt"), "--cache-dir", str(tmp_path / "c"), *allow
+    ) as mnt:
         samples, _, _ = read_cut(mnt, "external")
         assert_close(samples, references["mp3_cbr_mono_16k.mp3"].samples, lossless=False)
     broken = pa.array([{"bytes": None, "path": "nowhere.flac"}], audio_type)

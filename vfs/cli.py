@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.packer import pack
@@ -168,6 +169,37 @@ def _parser() -> argparse.ArgumentParser:
         help="let other users read the mount (permissions are still checked; needs "
         "user_allow_other in /etc/fuse.conf when not root)",
     )
+    mount_parser.add_argument(
+        "--user",
+        metavar="USER",
+        help="started as root, read the source as this user (default: the owner of SOURCE; "
+        "root only when SOURCE belongs to root)",
+    )
+    mount_parser.add_argument(
+        "--allow-root",
+        dest="allow_roots",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="let a source served in place read audio files under DIR too (by default only "
+        "files beneath the source itself); may be repeated",
+    )
+    mount_parser.add_argument(
+        "--allow-commands",
+        action="store_true",
+        help="run the shell commands of a source served in place (Kaldi 'cmd |' lines, Lhotse "
+        "command sources): off by default; even then only from files that belong to the user "
+        "the daemon reads as (never root) and that no one else can write",
+    )
+    mount_parser.add_argument(
+        "--command-timeout",
+        type=float,
+        default=CommandLimits().timeout_seconds,
+        metavar="SECONDS",
+        help="with --allow-commands, kill a command (its whole process group) that runs "
+        f"longer than this (default {CommandLimits().timeout_seconds:g}); its output is also "
+        f"capped at {CommandLimits().max_output_bytes >> 30} GiB",
+    )
     mount_parser.add_argument("--uid", type=int, help="owner shown for every file")
     mount_parser.add_argument("--gid", type=int, help="group shown for every file")
     mount_parser.add_argument(
@@ -221,7 +253,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OPTIONS",
         help="mount(8)-style options: ro, allow_other, cache_size=4G, workers=N, "
         "read_timeout=S, uid=N, gid=N, file_mode=0444, dir_mode=0555, log_file=PATH, "
-        "cache_dir=DIR, window=S, overlap=S, sample_rate=HZ, mono, float32, debug",
+        "cache_dir=DIR, window=S, overlap=S, sample_rate=HZ, mono, float32, debug, user=USER, "
+        "allow_root=DIR, allow_commands, command_timeout=S",
     )
     mount_parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     mount_parser.set_defaults(command="mount", run=_mount)
@@ -372,6 +405,8 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
         "overlap": ("overlap", float),
         "read_ahead_kb": ("read_ahead_kb", int),
         "max_background": ("max_background", int),
+        "user": ("user", str),
+        "command_timeout": ("command_timeout", float),
     }
     for group in args.options:
         for option in filter(None, (part.strip() for part in group.split(","))):
@@ -388,9 +423,13 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
                 "profile",
                 "mono",
                 "float32",
+                "allow_commands",
             )
             if key in flags and not has_value:
                 setattr(args, key, True)
+                continue
+            if key == "allow_root" and has_value:
+                args.allow_roots.append(value)
                 continue
             if key not in setters or not has_value:
                 raise ValueError(f"unknown mount option {option!r}")
@@ -422,6 +461,10 @@ def _mount(args: argparse.Namespace) -> int:
         cache_dir=os.path.abspath(args.cache_dir) if args.cache_dir else None,
         windows=_windows(args),
         output_format=_output_format(args),
+        allowed_roots=tuple(os.path.abspath(root) for root in args.allow_roots),
+        allow_commands=args.allow_commands,
+        command_limits=CommandLimits(timeout_seconds=args.command_timeout),
+        user=args.user,
     )
     ready_fd: int | None = args.ready_fd
 
@@ -491,8 +534,8 @@ def _mount_in_background(args: argparse.Namespace) -> int:
         return ExitCode.OK
     status = daemon.wait()
     if message.startswith("error "):
-        _, code, text = message.split(" ", 2)
-        print(f"cutfs mount: {text}", file=sys.stderr)
+        _, code, text = [*message.split(" ", 2), ""][:3]
+        print(f"cutfs mount: {text or 'the daemon failed (see its log)'}", file=sys.stderr)
         return int(code)
     print(
         f"cutfs mount: the daemon exited with status {status} before the mount was ready",

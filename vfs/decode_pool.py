@@ -32,11 +32,14 @@ from typing import Any
 
 import trio
 
+from cutfs.codec.command_runner import announce_groups_to, kill_group
 from cutfs.codec.decoder import DecodeTrace
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.library import Library, open_library
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
+from cutfs.codec.source_policy import SourcePolicy
+from cutfs.vfs.serving_user import ServingUser
 from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.decode_pool")
@@ -75,12 +78,19 @@ class DecodePool:
         deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
         statistics: Statistics | None = None,
         profile: bool = False,
+        *,
+        policy: SourcePolicy | None = None,
+        user: ServingUser | None = None,
     ) -> None:
+        """``policy`` is what the library was opened with; ``user``, when given, is
+        whom the worker processes become before they open it (see
+        :mod:`cutfs.vfs.serving_user`)."""
         self._library = library
         self._deadline_seconds = deadline_seconds
         self._statistics = statistics or Statistics()
         self._profile = profile
-        self._workers = [_Worker(library.directory, profile) for _ in range(workers)]
+        setup = _WorkerSetup(library.directory, profile, policy, user)
+        self._workers = [_Worker(setup) for _ in range(workers)]
         self._idle = list(self._workers)
         self._available = trio.Semaphore(len(self._workers)) if workers else None
         self._threads = trio.CapacityLimiter(2)
@@ -218,8 +228,12 @@ class DecodePool:
                     ) from None
                 if reply == _READY:
                     continue  # a replacement worker announcing itself
+                if isinstance(reply, _CommandStarted):
+                    worker.command_groups.add(reply.group)  # killed with the worker
+                    continue
                 if isinstance(reply, BaseException):
                     raise reply
+                worker.command_groups.clear()  # the worker reaped them
                 answer: tuple[Any, DecodeTrace] = reply
                 return answer
         self._replace(worker, f"missed the {deadline_seconds:g} s deadline")
@@ -241,12 +255,30 @@ class DecodePool:
 _READY = "ready"
 
 
+@dataclass(frozen=True, slots=True)
+class _CommandStarted:
+    """A worker started a command in this process group (see :mod:`cutfs.codec.command_runner`)."""
+
+    group: int
+
+
+@dataclass(frozen=True, slots=True)
+class _WorkerSetup:
+    """What a worker process needs to open the library (pickled to it)."""
+
+    library_dir: str
+    profile: bool
+    policy: SourcePolicy | None
+    user: ServingUser | None
+
+
 class _Worker:
     """One decoder process and the parent's end of its pipe."""
 
-    def __init__(self, library_dir: str, profile: bool) -> None:
-        self._library_dir = library_dir
-        self._profile = profile
+    def __init__(self, setup: _WorkerSetup) -> None:
+        self._setup = setup
+        #: Process groups of the commands the current request started.
+        self.command_groups: set[int] = set()
         self._process: BaseProcess | None = None
         self._connection: Connection | None = None
         self._exited: list[BaseProcess] = []
@@ -265,7 +297,7 @@ class _Worker:
         parent_end, child_end = context.Pipe()
         self._process = context.Process(
             target=_worker_main,
-            args=(child_end, self._library_dir, self._profile),
+            args=(child_end, self._setup),
             daemon=True,
             name="cutfs-decoder",
         )
@@ -276,7 +308,7 @@ class _Worker:
     def wait_ready(self, timeout_seconds: float) -> None:
         connection = self.connection()
         if not connection.poll(timeout_seconds):
-            raise CutfsError("a decoder worker did not start", where=self._library_dir)
+            raise CutfsError("a decoder worker did not start", where=self._setup.library_dir)
         ready = connection.recv()
         if isinstance(ready, BaseException):
             raise ready
@@ -293,9 +325,13 @@ class _Worker:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+        process = self._process
+        if process is not None and process.is_alive() and process.pid is not None:
+            os.kill(process.pid, signal.SIGKILL)
+        for group in self.command_groups:  # they would outlive the worker
+            kill_group(group)
+        self.command_groups.clear()
         if self._process is not None:
-            if self._process.is_alive() and self._process.pid is not None:
-                os.kill(self._process.pid, signal.SIGKILL)
             self._exited.append(self._process)
             self._process = None
         for process in list(self._exited):
@@ -318,7 +354,7 @@ def _answer(library: Library, request: _Request, profile: bool) -> tuple[Any, De
     return library.read_frames(recording_index, first, end, trace=trace), trace
 
 
-def _worker_main(connection: Connection, library_dir: str, profile: bool) -> None:
+def _worker_main(connection: Connection, setup: _WorkerSetup) -> None:
     """A decoder process: open the library, then answer requests until the pipe closes.
 
     The first message says whether the library opened (ready, or the error).
@@ -326,8 +362,15 @@ def _worker_main(connection: Connection, library_dir: str, profile: bool) -> Non
     which the pool sees as a dead worker.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
+    profile = setup.profile
     try:
-        library = open_library(library_dir)  # workers decode recordings only: no cuts
+        if setup.user is not None:
+            setup.user.become()
+        library = open_library(setup.library_dir, setup.policy)  # recordings only: no cuts
+        announce_groups_to(lambda group: connection.send(_CommandStarted(group)))
+    except OSError as exc:
+        connection.send(CutfsError(f"cannot become the serving user: {exc}"))
+        return
     except CutfsError as exc:
         connection.send(exc)
         return

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
@@ -21,18 +22,27 @@ from dataclasses import asdict, dataclass, field
 import pyfuse3
 import trio
 
+from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
+from cutfs.codec.source_policy import SourcePolicy
 from cutfs.vfs import kernel_tuning
 from cutfs.vfs.block_cache import DEFAULT_BLOCK_FRAMES, BlockCache
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
 from cutfs.vfs.filesystem import Filesystem, Windows
 from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.operations import Operations, Ownership
+from cutfs.vfs.serving_user import (
+    ServingUser,
+    ServingUserError,
+    acting_as,
+    as_root,
+    serving_user,
+)
 from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.mount")
@@ -79,13 +89,21 @@ class MountOptions:
     windows: Windows | None = None
     #: Sample rate, mono and sample format of every WAV file (default: the recording's own).
     output_format: OutputFormat = field(default_factory=OutputFormat)
+    #: Directories besides the source's own that a source served in place may read.
+    allowed_roots: tuple[str, ...] = ()
+    #: Run the shell commands of sources served in place (Kaldi ``cmd |``, Lhotse commands).
+    allow_commands: bool = False
+    command_limits: CommandLimits = field(default_factory=CommandLimits)
+    #: Whom a root daemon reads the source as (None: the owner of SOURCE).
+    user: str | None = None
 
 
-def open_source(source: str, cache_dir: str | None) -> Library:
+def open_source(source: str, cache_dir: str | None, policy: SourcePolicy | None = None) -> Library:
     """A shard directory, or any other source prepared for serving in place.
 
-    Raises :class:`MountError` with :attr:`ExitCode.BAD_SHARDS` when the source
-    cannot be read.
+    ``policy`` confines a source served in place (default: its own location,
+    no commands).  Raises :class:`MountError` with :attr:`ExitCode.BAD_SHARDS`
+    when the source cannot be read.
     """
     try:
         library: Library
@@ -94,10 +112,60 @@ def open_source(source: str, cache_dir: str | None) -> Library:
             return library
         if not os.path.exists(source):
             raise SourceError("no such file or directory", where=source)
-        directory = prepare_index(source, cache_dir or default_cache_root())
-        return SourceIndex(directory)
+        policy = policy or SourcePolicy.for_source(source)
+        directory = prepare_index(source, cache_dir or default_cache_root(), policy)
+        index = SourceIndex(directory, policy=policy)
+        _log_refusals(index)
+        return index
     except (ShardFormatError, SourceError) as exc:
         raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
+
+
+def cache_root_for(explicit: str | None, user: ServingUser | None) -> str:
+    """The index cache root of a daemon that reads as ``user`` (``None``: as itself).
+
+    A daemon started by root keeps the indexes of each user it reads as in
+    a directory of that user's own, ``<default root>/<uid>`` (mode 0700,
+    owned by the user; ``0`` when it reads as root), below a default root
+    that only root can write.  An explicit directory that does not exist
+    yet is made for the user the same way.  Whether an existing directory is
+    private enough is checked as the user, when the index is prepared.
+    """
+    if os.geteuid() != 0:
+        return explicit or default_cache_root()
+    uid, gid = (user.uid, user.gid) if user is not None else (0, 0)
+    if explicit is None:
+        parent = default_cache_root()
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+        status = os.lstat(parent)
+        if status.st_uid != 0 or status.st_mode & 0o022 or not stat.S_ISDIR(status.st_mode):
+            raise MountError(
+                f"the index cache root {parent} must be a directory owned by root and "
+                "writable by no one else",
+                ExitCode.BAD_SHARDS,
+            )
+        if status.st_mode & 0o011 != 0o011:  # each user's directory below must be reachable
+            log.info("making %s traversable (0755) for the per-user index caches", parent)
+            os.chmod(parent, 0o755)
+        explicit = os.path.join(parent, str(uid))
+    if not os.path.lexists(explicit):
+        os.makedirs(explicit, mode=0o700)
+        os.chown(explicit, uid, gid)
+    return explicit
+
+
+#: Refused entries of a source logged one by one at mount; the rest are counted.
+_REFUSALS_LOGGED = 20
+
+
+def _log_refusals(index: SourceIndex) -> None:
+    for message in index.refused[:_REFUSALS_LOGGED]:
+        log.warning("refused: %s", message)
+    if index.refused_count > _REFUSALS_LOGGED:
+        log.warning(
+            "refused %d more entries of the source (see refused_entries in .cutfs/stats)",
+            index.refused_count - _REFUSALS_LOGGED,
+        )
 
 
 def serve(
@@ -110,12 +178,27 @@ def serve(
     """
     mountpoint = os.path.abspath(mountpoint)
     _check_environment(mountpoint)
+    user = _serving_user(options.user, shard_dir)
+    policy = SourcePolicy.for_source(
+        shard_dir,
+        options.allowed_roots,
+        allow_commands=options.allow_commands,
+        command_limits=options.command_limits,
+    )
+    cache_dir = cache_root_for(options.cache_dir, user)
     with ExitStack() as stack:
-        library = open_source(shard_dir, options.cache_dir)
+        with acting_as(user):
+            library = open_source(shard_dir, cache_dir, policy)
         stack.callback(library.close)
         statistics = Statistics()
         pool = DecodePool(
-            library, options.workers, options.read_timeout_seconds, statistics, options.profile
+            library,
+            options.workers,
+            options.read_timeout_seconds,
+            statistics,
+            options.profile,
+            policy=policy,
+            user=user,
         )
         stack.callback(pool.close)
         pool.start()  # the workers start while the tree is built
@@ -140,14 +223,8 @@ def serve(
             pool.wait_ready()
         except CutfsError as exc:
             raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
-        fuse_options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
-        fuse_options |= {"fsname=cutfs", "subtype=cutfs", "ro", "nosuid", "nodev"}
-        if options.allow_other:
-            fuse_options.add("allow_other")
-        if options.debug_fuse:
-            fuse_options.add("debug")
         try:
-            pyfuse3.init(operations, mountpoint, fuse_options)
+            pyfuse3.init(operations, mountpoint, _fuse_options(options))
         except RuntimeError as exc:
             raise MountError(
                 f"cannot mount at {mountpoint}: {exc}", ExitCode.BAD_MOUNTPOINT
@@ -156,9 +233,12 @@ def serve(
         async def tune_kernel() -> None:
             # Only once the kernel's INIT exchange is over: its reply resets read-ahead.
             await trio.to_thread.run_sync(os.statvfs, mountpoint)
-            kernel.update(
-                kernel_tuning.apply(mountpoint, options.read_ahead_kb, options.max_background)
-            )
+            if options.read_ahead_kb is None and options.max_background is None:
+                return
+            with as_root(user):
+                kernel.update(
+                    kernel_tuning.apply(mountpoint, options.read_ahead_kb, options.max_background)
+                )
             for setting, outcome in kernel.items():
                 log.info("kernel setting %s: %s", setting, outcome)
 
@@ -169,8 +249,11 @@ def serve(
             len(library.recording_ids),
             library.num_cuts,
         )
+        if user is not None:
+            log.info("reading %s as %s", shard_dir, user.describe())
         try:
-            trio.run(_run, on_ready, pool, tune_kernel)
+            with acting_as(user):  # root again only to tune the kernel and to unmount
+                trio.run(_run, on_ready, pool, tune_kernel)
         finally:
             pyfuse3.close(unmount=True)  # also on errors: never leave a stale mount
             log.info("unmounted %s", mountpoint)
@@ -198,6 +281,25 @@ async def _stop_on_signal() -> None:
             _notify_systemd("STOPPING=1")
             pyfuse3.terminate()
             return
+
+
+def _fuse_options(options: MountOptions) -> set[str]:
+    fuse_options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
+    fuse_options |= {"fsname=cutfs", "subtype=cutfs", "ro", "nosuid", "nodev"}
+    if options.allow_other:
+        fuse_options.add("allow_other")
+    if options.debug_fuse:
+        fuse_options.add("debug")
+    return fuse_options
+
+
+def _serving_user(requested: str | None, source: str) -> ServingUser | None:
+    try:
+        return serving_user(requested, source)
+    except ServingUserError as exc:
+        raise MountError(str(exc), ExitCode.USAGE) from exc
+    except OSError as exc:
+        raise MountError(f"{source}: {exc.strerror}", ExitCode.BAD_SHARDS) from exc
 
 
 def _check_environment(mountpoint: str) -> None:

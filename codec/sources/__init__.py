@@ -7,7 +7,13 @@ import os
 from cutfs.codec.errors import SourceError
 from cutfs.codec.sources.arrow_dataset import is_arrow_dataset, read_arrow_dataset
 from cutfs.codec.sources.audio_dir import read_audio_dir
-from cutfs.codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.sources.catalogue import (
+    DeclaredAudio,
+    Refusals,
+    SourceCatalogue,
+    SourceCut,
+    SourceRecording,
+)
 from cutfs.codec.sources.kaldi_dir import is_kaldi_dir, read_kaldi_dir
 from cutfs.codec.sources.lhotse_manifest import find_manifests, is_lhotse_manifest, read_lhotse
 from cutfs.codec.sources.tar_archive import (
@@ -17,10 +23,17 @@ from cutfs.codec.sources.tar_archive import (
     read_webdataset,
 )
 
-__all__ = ["DeclaredAudio", "SourceCatalogue", "SourceCut", "SourceRecording", "read_source"]
+__all__ = [
+    "DeclaredAudio",
+    "Refusals",
+    "SourceCatalogue",
+    "SourceCut",
+    "SourceRecording",
+    "read_source",
+]
 
 
-def read_source(paths: list[str]) -> SourceCatalogue:
+def read_source(paths: list[str], refusals: Refusals | None = None) -> SourceCatalogue:
     """Read the recordings and cuts of any input cutfs understands.
 
     ``paths`` is one directory, one WebDataset ``.tar``, or one or more Lhotse
@@ -30,29 +43,33 @@ def read_source(paths: list[str]) -> SourceCatalogue:
     ``*supervisions*`` or ``*cuts*`` JSONL files), an Arrow or Parquet dataset
     (``*.arrow``, ``*.parquet``), WebDataset tars, and otherwise a directory
     of audio files.
+
+    Invalid entries stop the reading unless ``refusals`` is lenient (see
+    :class:`Refusals`); the catalogue's ``refused`` lists what was left out.
     """
+    refusals = refusals if refusals is not None else Refusals()
     for path in paths:
         if not os.path.exists(path):
             raise SourceError("no such file or directory", where=path)
     if len(paths) == 1 and os.path.isdir(paths[0]):
         directory = paths[0]
         if is_kaldi_dir(directory):
-            return read_kaldi_dir(directory)
+            return read_kaldi_dir(directory, refusals)
         if is_lhotse_shar(directory):
-            return read_lhotse_shar(directory)
+            return read_lhotse_shar(directory, refusals)
         manifests = find_manifests(directory)
         if manifests:
-            return read_lhotse(manifests)
+            return read_lhotse(manifests, refusals)
         if is_arrow_dataset(directory):
-            return read_arrow_dataset(directory)
+            return read_arrow_dataset(directory, refusals)
         if is_webdataset(directory):
-            return read_webdataset(directory)
-        return read_audio_dir(directory)
+            return read_webdataset(directory, refusals)
+        return read_audio_dir(directory, refusals)
     if len(paths) == 1 and is_webdataset(paths[0]):
-        return read_webdataset(paths[0])
+        return read_webdataset(paths[0], refusals)
     for path in paths:
         if not is_lhotse_manifest(path):
             raise SourceError(
                 "expected a directory or Lhotse manifests (.jsonl or .jsonl.gz)", where=path
             )
-    return read_lhotse(paths)
+    return read_lhotse(paths, refusals)

@@ -24,7 +24,6 @@ each of a recording named by the id column (``id``, ``recording_id``,
 from __future__ import annotations
 
 import csv
-import glob
 import json
 import os
 from collections.abc import Iterator
@@ -35,7 +34,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.limits import parse_seconds
+from cutfs.codec.sources.catalogue import Refusals, SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.sources.tree import files_under
 
 _ID_COLUMNS = ("id", "recording_id", "key", "__key__")
 _SEGMENT_LISTS = ("segments.jsonl", "segments.csv", "segments.tsv")
@@ -45,7 +46,8 @@ def is_arrow_dataset(path: str) -> bool:
     return os.path.isdir(path) and bool(_files(path, "arrow") or _files(path, "parquet"))
 
 
-def read_arrow_dataset(directory: str) -> SourceCatalogue:
+def read_arrow_dataset(directory: str, refusals: Refusals | None = None) -> SourceCatalogue:
+    refusals = refusals if refusals is not None else Refusals()
     rows = [row for path in _files(directory, "arrow") for row in _arrow_rows(path)]
     rows += [row for path in _files(directory, "parquet") for row in _parquet_rows(path)]
     recordings = [recording for recording, _ in rows]
@@ -63,15 +65,15 @@ def read_arrow_dataset(directory: str) -> SourceCatalogue:
             for r, m in rows
         ]
     else:
-        cuts = list(_segments(segment_list))
+        cuts = list(_segments(segment_list, refusals))
     catalogue = SourceCatalogue(recordings, cuts, "Arrow/Parquet dataset")
-    catalogue.check()
+    catalogue.check(refusals)
     return catalogue
 
 
 def _files(directory: str, extension: str) -> list[str]:
-    found = glob.glob(os.path.join(directory, "**", f"*.{extension}"), recursive=True)
-    return sorted(path for path in found if not os.path.basename(path).startswith("cache-"))
+    found = files_under(directory, (f".{extension}",))
+    return [path for path in found if not os.path.basename(path).startswith("cache-")]
 
 
 def _arrow_rows(path: str) -> Iterator[tuple[SourceRecording, dict[str, Any]]]:
@@ -227,25 +229,31 @@ def _metadata(batch: pa.RecordBatch, row: int) -> dict[str, Any]:
     return metadata
 
 
-def _segments(path: str) -> Iterator[SourceCut]:
-    if path.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as lines:
-            rows = [json.loads(line) for line in lines if line.strip()]
-    else:
-        with open(path, encoding="utf-8", newline="") as table:
-            rows = list(csv.DictReader(table, delimiter="\t" if path.endswith(".tsv") else ","))
+def _segments(path: str, refusals: Refusals) -> Iterator[SourceCut]:
+    try:
+        if path.endswith(".jsonl"):
+            with open(path, encoding="utf-8") as lines:
+                rows = [json.loads(line) for line in lines if line.strip()]
+        else:
+            with open(path, encoding="utf-8", newline="") as table:
+                delimiter = "\t" if path.endswith(".tsv") else ","
+                rows = list(csv.DictReader(table, delimiter=delimiter))
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"cannot read the segment list: {exc}", where=path) from exc
     for number, row in enumerate(rows, start=1):
-        where = f"{path}:{number}"
-        try:
-            start, end = float(row["start"]), float(row["end"])
-            cut_id, recording = str(row["id"]), str(row["recording"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SourceError(
-                f"a segment needs id, recording, start and end: {exc}", where=where
-            ) from exc
-        if not 0 <= start < end:
-            raise SourceError(f"segment {cut_id!r} has start {start} and end {end}", where=where)
-        metadata = {k: v for k, v in row.items() if k not in ("id", "recording", "start", "end")}
-        yield SourceCut(
-            cut_id, recording, start, end - start, metadata=metadata, described_in=where
-        )
+        with refusals.entry():
+            yield _segment(row, f"{path}:{number}")
+
+
+def _segment(row: Any, where: str) -> SourceCut:
+    if not isinstance(row, dict) or not all(
+        row.get(key) is not None for key in ("id", "recording", "start", "end")
+    ):
+        raise SourceError("a segment needs id, recording, start and end", where=where)
+    cut_id, recording = str(row["id"]), str(row["recording"])
+    start = parse_seconds(str(row["start"]), f"the start of segment {cut_id!r}", where=where)
+    end = parse_seconds(str(row["end"]), f"the end of segment {cut_id!r}", where=where)
+    if not start < end:
+        raise SourceError(f"segment {cut_id!r} has start {start} and end {end}", where=where)
+    metadata = {k: v for k, v in row.items() if k not in ("id", "recording", "start", "end")}
+    return SourceCut(cut_id, recording, start, end - start, metadata=metadata, described_in=where)

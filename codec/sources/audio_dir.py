@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.sources.catalogue import Refusals, SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.sources.tree import files_under
 
 AUDIO_EXTENSIONS = frozenset(
     {
@@ -33,34 +34,33 @@ AUDIO_EXTENSIONS = frozenset(
 )
 
 
-def read_audio_dir(directory: str) -> SourceCatalogue:
+def read_audio_dir(directory: str, refusals: Refusals | None = None) -> SourceCatalogue:
+    """Every regular audio file below ``directory`` (links to directories are not followed)."""
+    refusals = refusals if refusals is not None else Refusals()
     recordings: list[SourceRecording] = []
     cuts: list[SourceCut] = []
     ids: dict[str, str] = {}
-    for root, dirs, files in os.walk(directory):
-        dirs.sort()
-        for name in sorted(files):
-            stem, extension = os.path.splitext(name)
-            if extension.lower() not in AUDIO_EXTENSIONS:
-                continue
-            path = os.path.join(root, name)
-            relative = os.path.relpath(os.path.join(root, stem), directory)
-            recording_id = relative.replace(os.sep, "/")
-            if recording_id in ids:
-                raise SourceError(
+    for path in files_under(directory, tuple(AUDIO_EXTENSIONS), refusals):
+        stem = os.path.splitext(path)[0]
+        recording_id = os.path.relpath(stem, directory).replace(os.sep, "/")
+        if recording_id in ids:
+            refusals.refuse(
+                SourceError(
                     f"two files give the id {recording_id!r}: {ids[recording_id]} and {path}",
                     where=directory,
                 )
-            ids[recording_id] = path
-            recordings.append(
-                SourceRecording(recording_id, path=os.path.abspath(path), described_in=path)
             )
-            cuts.append(SourceCut(recording_id, recording_id, described_in=path))
+            continue
+        ids[recording_id] = path
+        recordings.append(
+            SourceRecording(recording_id, path=os.path.abspath(path), described_in=path)
+        )
+        cuts.append(SourceCut(recording_id, recording_id, described_in=path))
     if not recordings:
         raise SourceError(
             "not a shard directory, and no manifests, datasets or audio files were found in it",
             where=directory,
         )
     catalogue = SourceCatalogue(recordings, cuts, f"audio directory {directory}")
-    catalogue.check()
+    catalogue.check(refusals)
     return catalogue

@@ -4,6 +4,7 @@
 commands are run once at pack time and their output stored.  Without
 ``segments`` every recording is one cut named after it.  A segment end of
 ``-1`` (or one at or before its start) means "to the end of the recording".
+Fields are separated by spaces or tabs, as Kaldi's own readers accept.
 """
 
 from __future__ import annotations
@@ -11,25 +12,28 @@ from __future__ import annotations
 import os
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.sources.catalogue import SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.limits import parse_seconds
+from cutfs.codec.sources.catalogue import Refusals, SourceCatalogue, SourceCut, SourceRecording
 
 
 def is_kaldi_dir(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, "wav.scp"))
 
 
-def read_kaldi_dir(directory: str) -> SourceCatalogue:
+def read_kaldi_dir(directory: str, refusals: Refusals | None = None) -> SourceCatalogue:
+    refusals = refusals if refusals is not None else Refusals()
     recordings = [
         _recording(key, value, where)
-        for key, value, where in _table(os.path.join(directory, "wav.scp"))
+        for key, value, where in _table(os.path.join(directory, "wav.scp"), refusals)
     ]
-    speakers = _optional_map(os.path.join(directory, "utt2spk"))
-    texts = _optional_map(os.path.join(directory, "text"))
+    speakers = _optional_map(os.path.join(directory, "utt2spk"), refusals)
+    texts = _optional_map(os.path.join(directory, "text"), refusals)
     segments_path = os.path.join(directory, "segments")
     cuts: list[SourceCut] = []
     if os.path.isfile(segments_path):
-        for utterance, value, where in _table(segments_path):
-            cuts.append(_segment(utterance, value, where, speakers, texts))
+        for utterance, value, where in _table(segments_path, refusals):
+            with refusals.entry():
+                cuts.append(_segment(utterance, value, where, speakers, texts))
     else:
         for recording in recordings:
             key = recording.recording_id
@@ -42,7 +46,7 @@ def read_kaldi_dir(directory: str) -> SourceCatalogue:
                 )
             )
     catalogue = SourceCatalogue(recordings, cuts, f"Kaldi data directory {directory}")
-    catalogue.check()
+    catalogue.check(refusals)
     return catalogue
 
 
@@ -63,15 +67,12 @@ def _segment(
     if len(fields) != 3:
         raise SourceError("a segments line is '<utt> <recording> <start> <end>'", where=where)
     recording_id, start_text, end_text = fields
-    try:
-        start, end = float(start_text), float(end_text)
-    except ValueError as exc:
-        raise SourceError(
-            f"segment {utterance!r}: start and end must be numbers", where=where
-        ) from exc
-    if start < 0:
-        raise SourceError(f"segment {utterance!r} starts before 0", where=where)
-    duration = None if end <= start else end - start
+    start = parse_seconds(start_text, f"the start of segment {utterance!r}", where=where)
+    if end_text.strip() in ("-1", "-1.0"):
+        duration = None
+    else:
+        end = parse_seconds(end_text, f"the end of segment {utterance!r}", where=where)
+        duration = None if end <= start else end - start
     return SourceCut(
         utterance,
         recording_id,
@@ -91,25 +92,29 @@ def _metadata(key: str, speakers: dict[str, str], texts: dict[str, str]) -> dict
     return metadata
 
 
-def _optional_map(path: str) -> dict[str, str]:
+def _optional_map(path: str, refusals: Refusals) -> dict[str, str]:
     if not os.path.isfile(path):
         return {}
-    return {key: value for key, value, _ in _table(path, allow_empty_value=True)}
+    return {key: value for key, value, _ in _table(path, refusals, allow_empty_value=True)}
 
 
-def _table(path: str, allow_empty_value: bool = False) -> list[tuple[str, str, str]]:
+def _table(
+    path: str, refusals: Refusals, allow_empty_value: bool = False
+) -> list[tuple[str, str, str]]:
+    """``(key, rest of the line, where)`` per non-empty line; a line without a value is refused."""
     rows = []
     try:
         with open(path, encoding="utf-8") as lines:
             for number, raw_line in enumerate(lines, start=1):
-                line = raw_line.strip()
-                if not line:
+                fields = raw_line.strip().split(None, 1)
+                if not fields:
                     continue
-                key, _, value = line.partition(" ")
+                key, value = fields[0], fields[1] if len(fields) > 1 else ""
                 where = f"{path}:{number}"
-                if not value.strip() and not allow_empty_value:
-                    raise SourceError(f"line for {key!r} has no value", where=where)
-                rows.append((key, value.strip(), where))
+                if not value and not allow_empty_value:
+                    refusals.refuse(SourceError(f"line for {key!r} has no value", where=where))
+                    continue
+                rows.append((key, value, where))
     except OSError as exc:
         raise SourceError(f"cannot read: {exc}", where=path) from exc
     except UnicodeDecodeError as exc:

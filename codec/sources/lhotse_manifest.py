@@ -1,7 +1,10 @@
 """Lhotse manifests: recordings plus supervisions or cuts, as JSONL (optionally gzipped).
 
 Read without Lhotse itself.  Each recording needs a single audio source of
-type ``file`` or ``command``.  Cuts come from a cuts manifest (MonoCut and
+type ``file`` or ``command``.  Recordings with ``transforms`` (speed or
+volume perturbation, resampling) are refused: cutfs serves the audio as it is
+stored, and serving it untransformed under a transformed cut's id would be
+wrong audio with no error.  Cuts come from a cuts manifest (MonoCut and
 MultiCut; their supervisions become metadata) or, without one, one cut per
 supervision.  Recordings embedded in a cuts manifest are used when no
 recordings manifest is given.
@@ -16,7 +19,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.limits import MAX_CHANNELS, check_seconds, check_shape
+from cutfs.codec.sources.catalogue import (
+    DeclaredAudio,
+    Refusals,
+    SourceCatalogue,
+    SourceCut,
+    SourceRecording,
+)
 
 _SUPERVISION_FIELDS = ("speaker", "text", "language", "gender")
 
@@ -36,21 +46,24 @@ def find_manifests(directory: str) -> list[str]:
     )
 
 
-def read_lhotse(paths: list[str]) -> SourceCatalogue:
+def read_lhotse(paths: list[str], refusals: Refusals | None = None) -> SourceCatalogue:
     """Read recordings, supervisions and cuts manifests, told apart by their names."""
+    refusals = refusals if refusals is not None else Refusals()
     recordings: dict[str, SourceRecording] = {}
     supervisions: list[tuple[dict[str, Any], str]] = []
     cuts: list[SourceCut] = []
     for path in paths:
         name = os.path.basename(path)
         if "recordings" in name:
-            for item, where in _items(path):
-                _add_recording(recordings, item, where, os.path.dirname(path))
+            for item, where in _items(path, refusals):
+                with refusals.entry():
+                    _add_recording(recordings, item, where, os.path.dirname(path))
         elif "supervisions" in name:
-            supervisions.extend(_items(path))
+            supervisions.extend(_items(path, refusals))
         elif "cuts" in name:
-            for item, where in _items(path):
-                cuts.append(_cut(item, where, recordings, os.path.dirname(path)))
+            for item, where in _items(path, refusals):
+                with refusals.entry():
+                    cuts.append(_cut(item, where, recordings, os.path.dirname(path)))
         else:
             raise SourceError(
                 "cannot tell what this manifest holds: its name should contain "
@@ -58,18 +71,20 @@ def read_lhotse(paths: list[str]) -> SourceCatalogue:
                 where=path,
             )
     if not cuts:
-        cuts = [_supervision_cut(item, where) for item, where in supervisions]
+        for item, where in supervisions:
+            with refusals.entry():
+                cuts.append(_supervision_cut(item, where))
     if not cuts:
         cuts = [
             SourceCut(rec.recording_id, rec.recording_id, described_in=rec.described_in)
             for rec in recordings.values()
         ]
     catalogue = SourceCatalogue(list(recordings.values()), cuts, "Lhotse manifests")
-    catalogue.check()
+    catalogue.check(refusals)
     return catalogue
 
 
-def _items(path: str) -> Iterator[tuple[dict[str, Any], str]]:
+def _items(path: str, refusals: Refusals) -> Iterator[tuple[dict[str, Any], str]]:
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as lines:
@@ -80,9 +95,11 @@ def _items(path: str) -> Iterator[tuple[dict[str, Any], str]]:
                 try:
                     item = json.loads(line)
                 except ValueError as exc:
-                    raise SourceError(f"invalid JSON: {exc}", where=where) from exc
+                    refusals.refuse(SourceError(f"invalid JSON: {exc}", where=where))
+                    continue
                 if not isinstance(item, dict):
-                    raise SourceError("each line must be a JSON object", where=where)
+                    refusals.refuse(SourceError("each line must be a JSON object", where=where))
+                    continue
                 yield item, where
     except OSError as exc:
         raise SourceError(f"cannot read manifest: {exc}", where=path) from exc
@@ -103,6 +120,14 @@ def _add_recording(
     if not isinstance(location, str):
         raise SourceError(f"recording {recording_id!r} has no source location", where=where)
     declared = _declared(item, where)
+    transforms = item.get("transforms")
+    if transforms:
+        raise SourceError(
+            f"recording {recording_id!r} has transforms ({_describe_transforms(transforms)}): "
+            "cutfs serves stored audio as it is and cannot apply them; serve the "
+            "untransformed cuts, or save the transformed audio and pack that",
+            where=where,
+        )
     if kind == "file":
         recording = SourceRecording(
             recording_id, path=_resolve(location, base), described_in=where, declared=declared
@@ -135,7 +160,10 @@ def _cut(
         )
     recording = item.get("recording")
     if isinstance(recording, dict):
-        recording_id = _add_recording(recordings, recording, where, base).recording_id
+        try:
+            recording_id = _add_recording(recordings, recording, where, base).recording_id
+        except SourceError as exc:
+            raise SourceError(f"cut {cut_id!r}: {exc.message}", where=where) from exc
     else:
         recording_id = _text(item, "recording_id", where)
     supervisions = [
@@ -170,10 +198,8 @@ def _declared(item: dict[str, Any], where: str) -> DeclaredAudio | None:
     )
     if rate is None or frames is None:
         return None
-    if not isinstance(rate, int) or not isinstance(frames, int) or rate <= 0 or frames < 0:
-        raise SourceError("'sampling_rate' and 'num_samples' must be whole numbers", where=where)
     channels = len(channel_ids) if isinstance(channel_ids, list) and channel_ids else 1
-    return DeclaredAudio(rate, channels, frames)
+    return DeclaredAudio(*check_shape(rate, channels, frames, where=where))
 
 
 def _supervision_cut(item: dict[str, Any], where: str) -> SourceCut:
@@ -201,7 +227,10 @@ def _channels(value: Any, where: str) -> tuple[int, ...] | None:
     if value is None:
         return None
     values = value if isinstance(value, list) else [value]
-    if not values or not all(isinstance(channel, int) and channel >= 0 for channel in values):
+    if not values or not all(
+        isinstance(channel, int) and not isinstance(channel, bool) and 0 <= channel < MAX_CHANNELS
+        for channel in values
+    ):
         raise SourceError(f"invalid channel {value!r}", where=where)
     return tuple(values)
 
@@ -214,10 +243,23 @@ def _text(item: dict[str, Any], key: str, where: str) -> str:
 
 
 def _seconds(item: dict[str, Any], key: str, where: str) -> float:
-    value = item.get(key)
-    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-        raise SourceError(f"{key!r} must be a non-negative number of seconds", where=where)
-    return float(value)
+    return check_seconds(item.get(key), repr(key), where=where)
+
+
+def _describe_transforms(transforms: Any) -> str:
+    """``Speed(factor=1.1), Volume(factor=0.5)`` from Lhotse's serialised transforms."""
+    if not isinstance(transforms, list):
+        return repr(transforms)[:200]
+    described = []
+    for transform in transforms[:5]:
+        if isinstance(transform, dict):
+            arguments = transform.get("kwargs")
+            arguments = arguments if isinstance(arguments, dict) else {}
+            listed = ", ".join(f"{key}={value!r}" for key, value in list(arguments.items())[:4])
+            described.append(f"{transform.get('name', '?')}({listed})")
+        else:
+            described.append(repr(transform)[:80])
+    return ", ".join(described) + (", ..." if len(transforms) > 5 else "")
 
 
 def _resolve(location: str, base: str) -> str:

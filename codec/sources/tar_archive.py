@@ -22,7 +22,15 @@ import tarfile
 from typing import Any
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.sources.catalogue import DeclaredAudio, SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.limits import check_seconds, check_shape
+from cutfs.codec.sources.catalogue import (
+    DeclaredAudio,
+    Refusals,
+    SourceCatalogue,
+    SourceCut,
+    SourceRecording,
+)
+from cutfs.codec.sources.tree import files_under
 
 AUDIO_MEMBER_EXTENSIONS = frozenset(
     {"wav", "flac", "mp3", "ogg", "oga", "opus", "m4a", "aac", "mp4", "webm", "mka", "sph"}
@@ -41,7 +49,8 @@ def is_lhotse_shar(path: str) -> bool:
     return os.path.isdir(path) and bool(glob.glob(os.path.join(path, "cuts.*.jsonl*")))
 
 
-def read_webdataset(path: str) -> SourceCatalogue:
+def read_webdataset(path: str, refusals: Refusals | None = None) -> SourceCatalogue:
+    refusals = refusals if refusals is not None else Refusals()
     recordings: list[SourceRecording] = []
     cuts: list[SourceCut] = []
     for tar_path in [path] if os.path.isfile(path) else _tars(path):
@@ -68,11 +77,12 @@ def read_webdataset(path: str) -> SourceCatalogue:
             metadata = _webdataset_metadata(tar_path, members)
             cuts.append(SourceCut(key, key, metadata=metadata, described_in=where))
     catalogue = SourceCatalogue(recordings, cuts, "WebDataset tars")
-    catalogue.check()
+    catalogue.check(refusals)
     return catalogue
 
 
-def read_lhotse_shar(directory: str) -> SourceCatalogue:
+def read_lhotse_shar(directory: str, refusals: Refusals | None = None) -> SourceCatalogue:
+    refusals = refusals if refusals is not None else Refusals()
     recordings: list[SourceRecording] = []
     cuts: list[SourceCut] = []
     for manifest in sorted(glob.glob(os.path.join(directory, "cuts.*.jsonl*"))):
@@ -86,39 +96,57 @@ def read_lhotse_shar(directory: str) -> SourceCatalogue:
             if extension.lower() in AUDIO_MEMBER_EXTENSIONS:
                 members[stem] = member
         for number, item in enumerate(_jsonl(manifest), start=1):
-            where = f"{manifest}:{number}"
-            cut_id = str(item.get("id"))
-            audio = members.get(cut_id)
-            if audio is None:
-                raise SourceError(f"cut {cut_id!r} has no audio in {tar_path}", where=where)
-            recording = item.get("recording") or {}
-            recordings.append(
-                SourceRecording(
-                    cut_id,
-                    path=os.path.abspath(tar_path),
-                    described_in=where,
-                    offset_bytes=audio.offset_data,
-                    length_bytes=audio.size,
-                    declared=_declared(recording),
-                )
-            )
-            cuts.append(
-                SourceCut(
-                    cut_id,
-                    cut_id,
-                    start_seconds=float(item.get("start", 0.0)),
-                    duration_seconds=float(item["duration"]) if "duration" in item else None,
-                    metadata=_shar_metadata(item),
-                    described_in=where,
-                )
-            )
+            with refusals.entry():
+                recording, cut = _shar_entry(item, f"{manifest}:{number}", tar_path, members)
+                recordings.append(recording)
+                cuts.append(cut)
     catalogue = SourceCatalogue(recordings, cuts, "Lhotse Shar")
-    catalogue.check()
+    catalogue.check(refusals)
     return catalogue
 
 
+def _shar_entry(
+    item: Any, where: str, tar_path: str, members: dict[str, tarfile.TarInfo]
+) -> tuple[SourceRecording, SourceCut]:
+    """The recording (the tar member named after the cut) and the cut of one Shar line."""
+    if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+        raise SourceError("a Shar cut must be a JSON object with a string 'id'", where=where)
+    cut_id = item["id"]
+    audio = members.get(cut_id)
+    if audio is None:
+        raise SourceError(f"cut {cut_id!r} has no audio in {tar_path}", where=where)
+    recording = item.get("recording")
+    recording = recording if isinstance(recording, dict) else {}
+    if recording.get("transforms"):
+        raise SourceError(
+            f"cut {cut_id!r}: its recording has transforms, which cutfs cannot apply",
+            where=where,
+        )
+    start = check_seconds(item.get("start", 0.0), f"the start of cut {cut_id!r}", where=where)
+    duration = None
+    if "duration" in item:
+        duration = check_seconds(item["duration"], f"the duration of cut {cut_id!r}", where=where)
+    source = SourceRecording(
+        cut_id,
+        path=os.path.abspath(tar_path),
+        described_in=where,
+        offset_bytes=audio.offset_data,
+        length_bytes=audio.size,
+        declared=_declared(recording, where),
+    )
+    cut = SourceCut(
+        cut_id,
+        cut_id,
+        start_seconds=start,
+        duration_seconds=duration,
+        metadata=_shar_metadata(item),
+        described_in=where,
+    )
+    return source, cut
+
+
 def _tars(directory: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(directory, "**", "*.tar"), recursive=True))
+    return files_under(directory, (".tar",))
 
 
 def _members(tar_path: str) -> list[tarfile.TarInfo]:
@@ -162,13 +190,13 @@ def _shar_metadata(item: dict[str, Any]) -> dict[str, Any]:
     return metadata
 
 
-def _declared(recording: dict[str, Any]) -> DeclaredAudio | None:
+def _declared(recording: dict[str, Any], where: str) -> DeclaredAudio | None:
     rate, frames = recording.get("sampling_rate"), recording.get("num_samples")
-    if not isinstance(rate, int) or not isinstance(frames, int):
+    if rate is None or frames is None:
         return None
     channel_ids = recording.get("channel_ids")
     channels = len(channel_ids) if isinstance(channel_ids, list) and channel_ids else 1
-    return DeclaredAudio(rate, channels, frames)
+    return DeclaredAudio(*check_shape(rate, channels, frames, where=where))
 
 
 def _jsonl(path: str) -> list[dict[str, Any]]:

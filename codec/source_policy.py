@@ -1,0 +1,153 @@
+"""What a source served in place may make cutfs read and run.
+
+A mount serves sources that other people wrote, often from a daemon started
+as root.  The policy confines what their contents can reach:
+
+* **Files** are read only beneath the allowed roots: the source itself (its
+  directory, or the directory of a manifest file) and the roots an
+  administrator adds (``--allow-root``), plus the mount's own index cache.
+  A path is checked when the catalogue is built and again on every open,
+  on the file actually opened (``/proc/self/fd``), so a link swapped in
+  between cannot redirect a read.  Only regular files are opened, without
+  blocking: a FIFO or a device is refused, not read.
+* **Commands** (Kaldi ``cmd |`` lines, Lhotse ``command`` sources) never run
+  unless allowed.  When allowed, the file that defines them must belong to
+  the user the daemon runs as, be writable by nobody else, and not belong
+  to root; the command runs as that user with the limits of
+  :class:`cutfs.codec.command_runner.CommandLimits`.
+
+``cutfs pack`` is an explicit action of the user who runs it and reads with
+that user's rights: it uses :meth:`SourcePolicy.unrestricted`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass, field
+
+from cutfs.codec.command_runner import CommandLimits
+from cutfs.codec.errors import SourceError
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePolicy:
+    """Roots that may be read and whether commands may run (see the module docstring).
+
+    ``allowed_roots`` are resolved, absolute paths; an empty tuple with
+    ``unrestricted`` set allows every path.
+    """
+
+    allowed_roots: tuple[str, ...] = ()
+    allow_commands: bool = False
+    command_limits: CommandLimits = field(default_factory=CommandLimits)
+    unrestricted: bool = False
+
+    @classmethod
+    def for_source(
+        cls,
+        source: str,
+        extra_roots: tuple[str, ...] = (),
+        *,
+        allow_commands: bool = False,
+        command_limits: CommandLimits | None = None,
+    ) -> SourcePolicy:
+        """The default policy for serving ``source``: its own location and ``extra_roots``."""
+        source = os.path.realpath(source)
+        own = source if os.path.isdir(source) else os.path.dirname(source)
+        roots = tuple(dict.fromkeys([own, *(os.path.realpath(r) for r in extra_roots)]))
+        return cls(roots, allow_commands, command_limits or CommandLimits())
+
+    @classmethod
+    def everything(cls, command_limits: CommandLimits | None = None) -> SourcePolicy:
+        """Read anything and run commands (``cutfs pack``, run by the user it serves)."""
+        return cls((), True, command_limits or CommandLimits(), unrestricted=True)
+
+    def with_root(self, root: str) -> SourcePolicy:
+        """This policy, also allowing ``root`` (the index cache of the mount)."""
+        roots = tuple(dict.fromkeys([*self.allowed_roots, os.path.realpath(root)]))
+        return SourcePolicy(roots, self.allow_commands, self.command_limits, self.unrestricted)
+
+    def is_allowed(self, path: str) -> bool:
+        """Whether ``path``, links resolved, lies beneath an allowed root."""
+        if self.unrestricted:
+            return True
+        resolved = os.path.realpath(path)
+        return any(_beneath(resolved, root) for root in self.allowed_roots)
+
+    def check_file(self, path: str, where: str) -> None:
+        """Raise :class:`SourceError` unless ``path`` is a regular file beneath an allowed root."""
+        if not self.is_allowed(path):
+            raise SourceError(
+                f"{path} lies outside the source and the allowed roots "
+                f"({', '.join(self.allowed_roots)}); an administrator can allow it with "
+                "--allow-root",
+                where=where,
+            )
+        try:
+            status = os.stat(path)
+        except OSError as exc:
+            raise SourceError(f"cannot read {path}: {exc.strerror}", where=where) from exc
+        if not stat.S_ISREG(status.st_mode):
+            raise SourceError(f"{path} is not a regular file", where=where)
+
+    def open_file(self, path: str) -> int:
+        """A read-only descriptor of ``path``, checked on the file actually opened.
+
+        Raises ``OSError`` (``EACCES`` outside the allowed roots, ``EINVAL``
+        for anything but a regular file); the open never blocks on a FIFO.
+        """
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", path)
+            if not self.unrestricted:
+                opened = os.readlink(f"/proc/self/fd/{descriptor}")
+                if not any(_beneath(opened, root) for root in self.allowed_roots):
+                    raise OSError(errno.EACCES, "outside the allowed roots", path)
+        except BaseException:
+            os.close(descriptor)
+            raise
+        return descriptor
+
+    def check_command_file(self, path: str, where: str) -> None:
+        """Refuse a command unless commands are allowed and ``path`` (which defines it) is trusted.
+
+        Trusted means: owned by the user this process runs as, that user is
+        not root, and neither group nor others may write the file.
+        """
+        if not self.allow_commands:
+            raise SourceError(
+                "runs a command; commands from sources run only when the mount is given "
+                "--allow-commands (see the security model in docs/operations.md)",
+                where=where,
+            )
+        if self.unrestricted:
+            return
+        try:
+            status = os.stat(path)
+        except OSError as exc:
+            raise SourceError(f"cannot check {path}: {exc.strerror}", where=where) from exc
+        user = os.geteuid()
+        if status.st_uid == 0 or user == 0:
+            raise SourceError(
+                f"commands never run as root: {path} belongs to uid {status.st_uid} and the "
+                f"daemon runs as uid {user} (mount with --user, or chown the source)",
+                where=where,
+            )
+        if status.st_uid != user:
+            raise SourceError(
+                f"{path} belongs to uid {status.st_uid}, not to the daemon's user {user}: "
+                "its commands are not run",
+                where=where,
+            )
+        if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise SourceError(
+                f"{path} is writable by its group or others: its commands are not run",
+                where=where,
+            )
+
+
+def _beneath(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")

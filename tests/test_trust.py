@@ -1,0 +1,594 @@
+"""Attacks on a root mount by another user of the node, and bad numbers in sources.
+
+Each test plays one attack from the trust issue: ``nobody`` writes a source
+(or plants a file), root mounts it with ``allow_other`` as a shared node's
+administrator would, and ``nobody`` reads the mount.  The test states what
+must hold: no command of theirs runs, no file of someone else's is served,
+nothing serves wrong audio, and one bad entry never takes the rest down.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import CUTFS, Reference, mounted, needs_fuse
+from corpus import wav_header
+from trust_helpers import (
+    as_other_user,
+    give_to_other_user,
+    needs_root,
+    other_gid,
+    other_uid,
+    public_directory,
+)
+
+from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.errors import SourceError
+from cutfs.codec.source_index import SourceIndex, prepare_index
+from cutfs.codec.sources import Refusals, read_source
+
+pytestmark = [pytest.mark.mount, needs_fuse, needs_root]
+
+FLAC = "flac_mono_16k.flac"
+
+
+@pytest.fixture
+def public() -> Iterator[Path]:
+    with public_directory() as path:
+        yield path
+
+
+def _stats(mountpoint: Path) -> dict[str, dict[str, object]]:
+    loaded: dict[str, dict[str, object]] = json.loads((mountpoint / ".cutfs" / "stats").read_text())
+    return loaded
+
+
+def _recording(recording_id: str, path: str, rate: int, frames: object) -> dict[str, object]:
+    return {
+        "id": recording_id,
+        "sources": [{"type": "file", "channels": [0], "source": path}],
+        "sampling_rate": rate,
+        "num_samples": frames,
+        "duration": 1.0,
+        "channel_ids": [0],
+    }
+
+
+def _cut(cut_id: str, recording: str, start: object, duration: object) -> str:
+    """A cuts-manifest line; numbers are written as given (``Infinity`` included)."""
+    return (
+        f'{{"id": {json.dumps(cut_id)}, "type": "MonoCut", "recording_id": '
+        f'{json.dumps(recording)}, "start": {start}, "duration": {duration}, "channel": 0}}\n'
+    )
+
+
+def _expected(reference: Reference, start_seconds: float, duration_seconds: float) -> bytes:
+    first = seconds_to_frames(start_seconds, reference.rate)
+    count = seconds_to_frames(duration_seconds, reference.rate)
+    samples = reference.samples[first : first + count, :1]
+    return wav_header(reference.rate, 1, len(samples)) + samples.astype("<i2").tobytes()
+
+
+# -- bad numbers: one entry refused, the rest served --------------------------------------------
+
+
+def _lhotse_with_bad_numbers(
+    source: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    audio = source / "good.flac"
+    shutil.copy(corpus[FLAC], audio)
+    frames = len(references[FLAC].samples)
+    recordings = [
+        _recording("good", str(audio), 16000, frames),
+        _recording("huge", str(audio), 16000, 5 * 10**18),  # OverflowError in readdir before
+        _recording("beyond-int64", str(audio), 16000, 10**19),  # a traceback at mount before
+        _recording("zero-rate", str(audio), 0, frames),
+    ]
+    with open(source / "recordings.jsonl", "w") as out:
+        out.writelines(json.dumps(recording) + "\n" for recording in recordings)
+    transformed = _recording("perturbed", str(audio), 16000, frames)
+    transformed["transforms"] = [{"name": "Speed", "kwargs": {"factor": 1.1}}]
+    with open(source / "cuts.jsonl", "w") as out:
+        out.write(_cut("good-1", "good", 1.0, 2.0))
+        out.write(_cut("good-2", "good", 5.5, 3.25))
+        out.write(_cut("of-huge", "huge", 0.0, 1.0))
+        out.write(_cut("of-beyond", "beyond-int64", 0.0, 1.0))
+        out.write(_cut("of-zero-rate", "zero-rate", 0.0, 1.0))
+        out.write(_cut("negative-start", "good", -1.0, 1.0))  # killed a worker per read before
+        out.write(_cut("infinite", "good", 0.0, "Infinity"))
+        out.write(_cut("nan", "good", "NaN", 1.0))
+        out.write("{not json\n")
+        cut = json.loads(_cut("speed-perturbed", "perturbed", 0.0, 1.0))
+        del cut["recording_id"]
+        cut["recording"] = transformed
+        out.write(json.dumps(cut) + "\n")
+
+
+def test_bad_numbers_refuse_their_entries_and_the_rest_is_served(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    source = public / "source"
+    source.mkdir()
+    _lhotse_with_bad_numbers(source, corpus, references)
+    mountpoint = public / "mnt"
+    with mounted(
+        str(source), str(mountpoint), "--allow-other", "--cache-dir", str(public / "cache")
+    ):
+        listing = as_other_user("ls", str(mountpoint / "cuts"))
+        assert listing.returncode == 0, listing.stderr
+        assert listing.stdout.decode().split() == ["good-1.wav", "good-2.wav", "metadata.jsonl"]
+        read = as_other_user("cat", str(mountpoint / "cuts" / "good-2.wav"))
+        assert read.returncode == 0, read.stderr
+        assert read.stdout == _expected(references[FLAC], 5.5, 3.25)
+        recordings = as_other_user("ls", str(mountpoint / "recordings"))
+        assert recordings.stdout.decode().split() == ["good.wav"]
+        shards = _stats(mountpoint)["shards"]
+        # 3 recordings with bad numbers and their 3 cuts; 3 cuts with bad times; a line
+        # that is not JSON; the cut of a transformed recording
+        assert shards["refused_entries"] == 3 + 3 + 3 + 1 + 1, shards
+
+
+def test_pack_stops_at_the_first_bad_number_with_one_line(
+    tmp_path: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    _lhotse_with_bad_numbers(tmp_path, corpus, references)
+    manifests = [str(tmp_path / "recordings.jsonl"), str(tmp_path / "cuts.jsonl")]
+    result = subprocess.run(
+        [*CUTFS, "pack", "-q", *manifests, "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "recordings.jsonl:2" in result.stderr
+    assert "5000000000000000000" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_transforms_are_refused_naming_the_cut_and_the_transform(
+    tmp_path: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    _lhotse_with_bad_numbers(tmp_path, corpus, references)
+    refusals = Refusals(strict=False)
+    read_source([str(tmp_path / "recordings.jsonl"), str(tmp_path / "cuts.jsonl")], refusals)
+    perturbed = [m for m in refusals.messages if "speed-perturbed" in m]
+    assert len(perturbed) == 1
+    assert "Speed(factor=1.1)" in perturbed[0]
+
+
+def _shar(directory: Path, audio: bytes, cuts: list[dict[str, object]]) -> None:
+    with tarfile.open(directory / "recording.000000.tar", "w") as archive:
+        for cut in cuts:
+            member = tarfile.TarInfo(f"{cut['id']}.flac")
+            member.size = len(audio)
+            archive.addfile(member, io.BytesIO(audio))
+    with gzip.open(directory / "cuts.000000.jsonl.gz", "wt") as out:
+        for cut in cuts:
+            out.write(json.dumps(cut) + "\n")
+
+
+def test_shar_with_negative_or_infinite_durations_keeps_its_listing(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    audio = Path(corpus[FLAC]).read_bytes()
+    frames = len(references[FLAC].samples)
+    recording = {"sampling_rate": 16000, "num_samples": frames, "channel_ids": [0]}
+    source = public / "shar"
+    source.mkdir()
+    _shar(
+        source,
+        audio,
+        [
+            {"id": "fine", "start": 0.0, "duration": frames / 16000, "recording": recording},
+            {"id": "negative", "start": 0.0, "duration": -3.0, "recording": recording},
+            {"id": "infinite", "start": 0.0, "duration": float("inf"), "recording": recording},
+            {"id": "negative-start", "start": -2.0, "duration": 1.0, "recording": recording},
+        ],
+    )
+    mountpoint = public / "mnt"
+    with mounted(
+        str(source), str(mountpoint), "--allow-other", "--cache-dir", str(public / "cache")
+    ):
+        listing = as_other_user("ls", str(mountpoint / "cuts"))
+        assert listing.returncode == 0, listing.stderr
+        assert listing.stdout.decode().split() == ["fine.wav", "metadata.jsonl"]
+        read = as_other_user("cat", str(mountpoint / "cuts" / "fine.wav"))
+        assert read.stdout == _expected(references[FLAC], 0.0, frames / 16000)
+        assert _stats(mountpoint)["shards"]["refused_entries"] == 3
+
+
+def test_kaldi_files_may_use_tabs(tmp_path: Path, corpus: dict[str, str]) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "wav.scp").write_text(f"rec1\t{corpus[FLAC]}\n")
+    (data / "segments").write_text("utt1\trec1\t1.0\t2.5\nutt2 rec1\t3\t-1\n")
+    (data / "text").write_text("utt1\thello world\n")
+    catalogue = read_source([str(data)])
+    assert [cut.cut_id for cut in catalogue.cuts] == ["utt1", "utt2"]
+    assert catalogue.cuts[0].start_seconds == 1.0
+    assert catalogue.cuts[0].duration_seconds == 1.5
+    assert catalogue.cuts[1].duration_seconds is None
+    assert catalogue.cuts[0].metadata["text"] == "hello world"
+    (data / "segments").write_text("utt1 rec1 nan 2.5\n")
+    with pytest.raises(SourceError, match="utt1"):
+        read_source([str(data)])
+
+
+def test_header_only_flac_fails_pack_with_one_clear_line(tmp_path: Path) -> None:
+    full = tmp_path / "full.flac"
+    sine = ["-f", "lavfi", "-i", "sine=f=440:d=2", "-ar", "16000"]
+    subprocess.run(["ffmpeg", "-loglevel", "error", *sine, str(full)], check=True)
+    data = full.read_bytes()
+    source = tmp_path / "audio"
+    source.mkdir()
+    (source / "header-only.flac").write_bytes(data[: data.index(b"\xff\xf8")])
+    result = subprocess.run(
+        [*CUTFS, "pack", "-q", str(source), "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and "BufferError" not in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "header-only.flac" in result.stderr
+    assert "no samples" in result.stderr
+
+
+def test_lhotse_tolerance_follows_the_environment(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    """0.3 s more declared than the audio has: padded under Lhotse's default (0.5 s), an
+    error under LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE=0.1."""
+    source = public / "source"
+    source.mkdir()
+    audio = source / "a.flac"
+    shutil.copy(corpus[FLAC], audio)
+    frames = len(references[FLAC].samples)
+    declared = frames + 4800
+    with open(source / "recordings.jsonl", "w") as out:
+        out.write(json.dumps(_recording("a", str(audio), 16000, declared)) + "\n")
+    tail = source / "cuts.jsonl"
+    tail.write_text(_cut("tail", "a", (frames - 16000) / 16000, 1.3))
+    for tolerance, readable in ((None, True), ("0.1", False)):
+        environment = dict(os.environ)
+        environment.pop("LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE", None)
+        if tolerance is not None:
+            environment["LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE"] = tolerance
+        mountpoint = public / f"mnt-{tolerance}"
+        mountpoint.mkdir()
+        result = subprocess.run(
+            [*CUTFS, "mount", "--cache-dir", str(public / "cache"), str(source), str(mountpoint)],
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        try:
+            with open(mountpoint / "cuts" / "tail.wav", "rb") as cut_file:
+                if readable:
+                    samples = np.frombuffer(cut_file.read()[44:], dtype="<i2")
+                    assert len(samples) == seconds_to_frames(1.3, 16000)
+                else:
+                    with pytest.raises(OSError):
+                        cut_file.read()
+        finally:
+            subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
+
+
+# -- commands from data -------------------------------------------------------------------------
+
+
+def _kaldi_by_other_user(public: Path, corpus: dict[str, str], command: str) -> Path:
+    """A Kaldi directory written by the other user: one file and one command recording."""
+    data = public / "data"
+    data.mkdir()
+    shutil.copy(corpus[FLAC], data / "a.flac")
+    (data / "wav.scp").write_text(f"plain a.flac\npiped {command} |\n")
+    give_to_other_user(data)
+    return data
+
+
+def _read_as_other_user(mountpoint: Path, name: str) -> subprocess.CompletedProcess[bytes]:
+    return as_other_user("cat", str(mountpoint / "cuts" / name))
+
+
+def test_commands_never_run_by_default(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    marker = public / "ran"
+    flac = public / "data" / "a.flac"
+    data = _kaldi_by_other_user(public, corpus, f"id -u > {marker}; cat {flac}")
+    mountpoint = public / "mnt"
+    with mounted(str(data), str(mountpoint), "--allow-other"):
+        assert as_other_user("ls", str(mountpoint / "cuts")).stdout.decode().split() == [
+            "metadata.jsonl",
+            "plain.wav",
+        ]
+        assert _read_as_other_user(mountpoint, "piped.wav").returncode != 0
+        plain = _read_as_other_user(mountpoint, "plain.wav")
+        assert plain.stdout == _expected(references[FLAC], 0, len(references[FLAC].samples) / 16000)
+    assert not marker.exists()  # as root (uid 0) on main
+
+
+def test_allowed_commands_run_as_the_files_owner_never_root(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    marker = public / "uid"
+    marker.touch()
+    give_to_other_user(marker)
+    flac = public / "data" / "a.flac"
+    data = _kaldi_by_other_user(public, corpus, f"id -u > {marker}; cat {flac}")
+    mountpoint = public / "mnt"
+    with mounted(str(data), str(mountpoint), "--allow-other", "--allow-commands", "--workers", "1"):
+        read = _read_as_other_user(mountpoint, "piped.wav")
+        assert read.returncode == 0, read.stderr
+        assert read.stdout == _expected(references[FLAC], 0, len(references[FLAC].samples) / 16000)
+    assert marker.read_text().strip() == str(other_uid())
+
+
+def test_commands_in_a_file_others_can_write_are_refused(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    marker = public / "ran"
+    data = _kaldi_by_other_user(public, corpus, f"touch {marker}; cat a.flac")
+    (data / "wav.scp").chmod(0o666)
+    mountpoint = public / "mnt"
+    with mounted(str(data), str(mountpoint), "--allow-other", "--allow-commands"):
+        assert _read_as_other_user(mountpoint, "piped.wav").returncode != 0
+        assert _stats(mountpoint)["shards"]["refused_entries"] == 2  # the recording and its cut
+    assert not marker.exists()
+
+
+def _processes_with(pattern: str) -> list[int]:
+    result = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, check=False)
+    return [int(pid) for pid in result.stdout.split()]
+
+
+def test_a_command_past_its_timeout_is_killed_with_its_group(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    data = _kaldi_by_other_user(public, corpus, "sleep 313.25 & sleep 313.5; cat a.flac")
+    mountpoint = public / "mnt"
+    options = ("--allow-other", "--allow-commands", "--command-timeout", "2", "--workers", "1")
+    with mounted(str(data), str(mountpoint), *options):
+        read = _read_as_other_user(mountpoint, "piped.wav")
+        assert read.returncode != 0
+        assert _processes_with("^sleep 313") == []  # both sleeps, not only the shell
+        assert _read_as_other_user(mountpoint, "plain.wav").returncode == 0
+
+
+def test_a_killed_worker_takes_its_command_with_it(public: Path, corpus: dict[str, str]) -> None:
+    """A worker killed mid-command (the OOM killer, say): the command's whole group goes too."""
+    data = _kaldi_by_other_user(public, corpus, "sleep 317.25 & sleep 317.5; cat a.flac")
+    mountpoint = public / "mnt"
+    options = ("--allow-other", "--allow-commands", "--workers", "1")
+    with mounted(str(data), str(mountpoint), *options):
+        reader = subprocess.Popen(
+            ["cat", str(mountpoint / "cuts" / "piped.wav")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 20
+        while len(_processes_with("^sleep 317")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_processes_with("^sleep 317")) == 2
+        shell = _processes_with("^/bin/sh -c sleep 317")[0]
+        worker = int(Path(f"/proc/{shell}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(worker, signal.SIGKILL)
+        _, errors = reader.communicate(timeout=30)
+        assert reader.returncode != 0, errors  # that read fails (EIO), nothing hangs
+        deadline = time.monotonic() + 10
+        while _processes_with("^sleep 317") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_with("^sleep 317") == []
+
+
+# -- files of other users -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def secret(public: Path, corpus: dict[str, str]) -> Path:
+    """Audio only root may read: a 0600 file in a 0700 directory."""
+    private = public / "private"
+    private.mkdir(mode=0o700)
+    path = private / "secret.flac"
+    shutil.copy(corpus[FLAC], path)
+    path.chmod(0o600)
+    return path
+
+
+def _assert_not_served(mountpoint: Path, name: str) -> None:
+    listing = as_other_user("ls", str(mountpoint / "cuts"))
+    assert listing.returncode == 0
+    assert name not in listing.stdout.decode().split()
+    assert _read_as_other_user(mountpoint, name).stdout == b""
+
+
+def test_manifest_paths_outside_the_source_are_not_served(public: Path, secret: Path) -> None:
+    source = public / "manifests"
+    source.mkdir()
+    with open(source / "recordings.jsonl", "w") as out:
+        out.write(json.dumps(_recording("stolen", str(secret), 16000, 480000)) + "\n")
+        out.write(json.dumps(_recording("decoy", "decoy.flac", 16000, 480000)) + "\n")
+    shutil.copy(secret, source / "decoy.flac")
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other"):
+        _assert_not_served(mountpoint, "stolen.wav")
+        assert _read_as_other_user(mountpoint, "decoy.wav").returncode == 0
+
+
+def test_links_in_an_audio_folder_do_not_reach_other_files(
+    public: Path, secret: Path, corpus: dict[str, str]
+) -> None:
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "own.flac")
+    (source / "stolen.flac").symlink_to(secret)
+    (source / "loop").symlink_to(source)  # a directory link loop: must not hang the mount
+    (source / "self.flac").symlink_to(source / "self.flac")
+    os.mkfifo(source / "fifo.flac")  # must not block the daemon
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other"):
+        _assert_not_served(mountpoint, "stolen.wav")
+        listing = as_other_user("ls", str(mountpoint / "cuts")).stdout.decode().split()
+        assert listing == ["metadata.jsonl", "own.wav"]
+
+
+def test_ffconcat_named_wav_is_not_followed(
+    public: Path, secret: Path, corpus: dict[str, str]
+) -> None:
+    source = public / "audio"
+    source.mkdir()
+    relative = os.path.relpath(secret, "/")  # concat resolves names against the daemon's cwd, /
+    (source / "playlist.wav").write_text(f"ffconcat version 1.0\nfile '{relative}'\n")
+    shutil.copy(corpus[FLAC], source / "own.flac")
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other", "--user", "root"):
+        read = _read_as_other_user(mountpoint, "playlist.wav")
+        assert read.returncode != 0 and read.stdout == b""
+
+
+def test_absolute_shard_names_are_refused(tmp_path: Path, shard_dir: str) -> None:
+    copy = tmp_path / "shards"
+    shutil.copytree(shard_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["shards"][0]["file"] = os.path.abspath(copy / manifest["shards"][0]["file"])
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "mnt").mkdir()
+    result = subprocess.run(
+        [*CUTFS, "mount", str(copy), str(tmp_path / "mnt")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 3
+    assert "not a plain name" in result.stderr
+
+
+# -- the index cache ----------------------------------------------------------------------------
+
+
+def test_a_cache_others_can_write_or_own_is_refused(public: Path, corpus: dict[str, str]) -> None:
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    shared = public / "shared-cache"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)  # sticky and world-writable, like /tmp
+    theirs = public / "their-cache"
+    theirs.mkdir(mode=0o700)
+    give_to_other_user(theirs)
+    for cache, message in ((shared, "writable by its group or others"), (theirs, "belongs to")):
+        (public / "mnt").mkdir(exist_ok=True)
+        result = subprocess.run(
+            [*CUTFS, "mount", "--cache-dir", str(cache), str(source), str(public / "mnt")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 3, result.stderr
+        assert message in result.stderr
+
+
+def test_the_cache_is_private(public: Path, corpus: dict[str, str]) -> None:
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    cache = public / "cache"
+    with (
+        mounted(str(source), str(public / "mnt"), "--cache-dir", str(cache)) as mountpoint,
+        open(os.path.join(mountpoint, "cuts", "a.wav"), "rb") as cut_file,
+    ):
+        cut_file.read(100)
+    modes = {}
+    for root, directories, files in os.walk(cache):
+        for name in directories:
+            modes[os.path.join(root, name)] = os.stat(os.path.join(root, name)).st_mode & 0o777
+        for name in files:
+            modes[os.path.join(root, name)] = os.stat(os.path.join(root, name)).st_mode & 0o777
+    assert len(modes) >= 5  # index directory, plans, tables, a plan
+    assert {mode & 0o077 for mode in modes.values()} == {0}, modes
+
+
+def test_a_planted_plan_is_not_served(tmp_path: Path, corpus: dict[str, str]) -> None:
+    """A plan that names another file (here /etc/hostname) is recomputed, never read."""
+    source = tmp_path / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    directory = prepare_index(str(source), str(tmp_path / "cache"))
+    with SourceIndex(directory) as index:
+        index.index(0)
+    (plan,) = (tmp_path / "cache").glob("*/plans/*.arrow")
+    row = pa.ipc.open_file(pa.memory_map(str(plan))).read_all().to_pylist()[0]
+    row["source"] = "/etc/hostname"
+    row["blob_offset"] = 0
+    table = pa.Table.from_pylist([row], schema=pa.ipc.open_file(pa.memory_map(str(plan))).schema)
+    with pa.OSFile(str(plan), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    with SourceIndex(directory) as index:
+        recording = index.index(0)
+        frames = index.read_frames(0, 0, recording.num_frames)
+    reference = subprocess.run(
+        ["ffmpeg", "-v", "error", "-i", corpus[FLAC], "-f", "s16le", "-"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert frames.tobytes() == reference
+
+
+# -- least privilege ----------------------------------------------------------------------------
+
+
+def _ids(pid: int) -> tuple[list[int], list[int]]:
+    """(real, effective, saved, fs) user and group ids of a process."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Uid", "Gid"):
+            fields[key] = [int(number) for number in value.split()]
+    return fields["Uid"], fields["Gid"]
+
+
+def test_a_root_daemon_reads_as_the_sources_owner(public: Path, corpus: dict[str, str]) -> None:
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other", "--workers", "2"):
+        assert _read_as_other_user(mountpoint, "a.wav").returncode == 0
+        (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
+        uid, gid = _ids(daemon)
+        assert uid[1] == other_uid() and uid[3] == other_uid()  # effective and fs: the owner
+        workers = [
+            int(child)
+            for child in Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split()
+        ]
+        decoders = [
+            pid for pid in workers if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()
+        ]
+        assert len(decoders) == 2
+        for worker in decoders:
+            uid, gid = _ids(worker)
+            assert uid == [other_uid()] * 4 and gid == [other_gid()] * 4
+    assert not os.path.ismount(mountpoint)  # root again to unmount

@@ -1,0 +1,166 @@
+"""The unprivileged user a root daemon reads its source as.
+
+Mounting needs root (or the setuid fusermount3); reading a source does not.
+A daemon started as root therefore reads everything that comes from the
+source with the rights of one user: the owner of SOURCE, or ``--user``.
+
+* Decoder workers become that user entirely (real, effective and saved ids,
+  and its groups) before they open anything: they parse media from other
+  people, and nothing they do needs root.
+* The daemon process itself switches only its *effective* ids to that user
+  while it reads the source and while it serves; it keeps root as its saved
+  id, which it takes back for the few things that need it (mounting, kernel
+  tuning through sysfs, unmounting at exit).
+
+A source owned by root is read as root (it is the administrator's own), unless
+``--user`` names someone else.  See "Security model" in docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+#: Root's groups when the daemon started, given back with root.
+_ROOT_GROUPS = tuple(os.getgroups())
+
+
+class ServingUserError(Exception):
+    """``--user`` names no user, or a user was asked for without root."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServingUser:
+    """A user and its groups, as the daemon's workers and reads run."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+    @classmethod
+    def named(cls, name: str) -> ServingUser:
+        """The user called ``name`` (or with that number)."""
+        try:
+            entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+        except (KeyError, ValueError):
+            raise ServingUserError(f"no such user: {name!r}") from None
+        return cls._of(entry)
+
+    @classmethod
+    def owner_of(cls, path: str) -> ServingUser:
+        """The user that owns ``path`` (a numeric user with no entry keeps its own group)."""
+        status = os.stat(path)
+        try:
+            return cls._of(pwd.getpwuid(status.st_uid))
+        except KeyError:
+            return cls(str(status.st_uid), status.st_uid, status.st_gid, (status.st_gid,))
+
+    @classmethod
+    def _of(cls, entry: pwd.struct_passwd) -> ServingUser:
+        groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
+        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, tuple(sorted(set(groups))))
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+    def become(self) -> None:
+        """Become this user for good (a decoder worker, before it opens anything).
+
+        Needs root as the real or effective user (a worker started while the
+        daemon acts as the user has root as its real id); afterwards no id of
+        the process is root.
+        """
+        if os.geteuid() != 0 and os.getuid() == 0:
+            os.seteuid(0)
+        preload_modules()
+        os.setgroups(list(self.groups))
+        os.setresgid(self.gid, self.gid, self.gid)
+        os.setresuid(self.uid, self.uid, self.uid)
+
+    def act_as(self) -> None:
+        """Switch the effective ids (and groups) to this user; :func:`act_as_root` undoes it."""
+        os.setgroups(list(self.groups))
+        os.setegid(self.gid)
+        os.seteuid(self.uid)
+
+    def describe(self) -> str:
+        try:
+            group = grp.getgrgid(self.gid).gr_name
+        except KeyError:
+            group = str(self.gid)
+        return f"{self.name} (uid {self.uid}, group {group})"
+
+
+def preload_modules() -> None:
+    """Import, while still root, what serving imports lazily.
+
+    Once a process is the serving user, it may not be able to read Python's
+    own files (an interpreter installed under root's home directory is the
+    common case): everything it will import must be imported before.
+    """
+    import datetime  # noqa: F401, PLC0415 - pandas' C code imports it by name
+    import decimal  # noqa: F401, PLC0415
+
+    import pyarrow as pa  # noqa: PLC0415
+
+    import cutfs.codec.shard_set  # noqa: PLC0415 - open_library imports these lazily
+    import cutfs.codec.source_index  # noqa: F401, PLC0415
+
+    with contextlib.suppress(ImportError):
+        import pandas  # noqa: F401, PLC0415 - pyarrow imports it on first use when installed
+    pa.schema([("preload", pa.int8())]).empty_table()
+
+
+def act_as_root() -> None:
+    """Take root back as the effective user (the saved id must be root)."""
+    os.seteuid(0)
+    os.setegid(0)
+    os.setgroups(list(_ROOT_GROUPS))
+
+
+@contextmanager
+def acting_as(user: ServingUser | None) -> Iterator[None]:
+    """Run a block with ``user``'s effective ids (nothing changes for ``None``)."""
+    if user is None:
+        yield
+        return
+    preload_modules()
+    user.act_as()
+    try:
+        yield
+    finally:
+        act_as_root()
+
+
+@contextmanager
+def as_root(user: ServingUser | None) -> Iterator[None]:
+    """Run a block as root in a daemon that otherwise acts as ``user``."""
+    if user is None:
+        yield
+        return
+    act_as_root()
+    try:
+        yield
+    finally:
+        user.act_as()
+
+
+def serving_user(requested: str | None, source: str) -> ServingUser | None:
+    """Whom a daemon started by this process reads ``source`` as; ``None``: as itself.
+
+    Root reads as ``requested``, else as the owner of ``source`` unless that
+    is root.  Anyone else reads as itself, and may not ask for another user.
+    """
+    if os.geteuid() != 0:
+        if requested is not None:
+            raise ServingUserError("--user needs the daemon to be started as root")
+        return None
+    user = ServingUser.named(requested) if requested is not None else ServingUser.owner_of(source)
+    return None if user.is_root else user
