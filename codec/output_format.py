@@ -19,12 +19,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from math import gcd
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
+from cutfs.codec.errors import UnsupportedAudioError
+from cutfs.codec.limits import MAX_SAMPLE_RATE_HZ
 from cutfs.codec.resampler import Resampler
 from cutfs.codec.wav_layout import WavLayout
+
+#: The largest term of a reduced rate ratio cutfs resamples (44.1 kHz to 16 kHz is 441/160;
+#: the filter has 20 taps per unit of the larger term, 40 001 here at most: 320 KB).
+MAX_RESAMPLING_RATIO_TERM: Final = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,28 +44,36 @@ class OutputFormat:
     float32: bool = False
 
     def __post_init__(self) -> None:
-        if self.sample_rate is not None and self.sample_rate <= 0:
-            raise ValueError("the sample rate must be positive")
+        if self.sample_rate is not None and not 0 < self.sample_rate <= MAX_SAMPLE_RATE_HZ:
+            raise ValueError(f"the sample rate must lie in [1, {MAX_SAMPLE_RATE_HZ}] Hz")
 
     def rate(self, source_rate: int) -> int:
         return self.sample_rate or source_rate
 
     def resampler(self, source_rate: int) -> Resampler | None:
-        """The resampler from ``source_rate``, or ``None`` when the rate is kept."""
+        """The resampler from ``source_rate``, or ``None`` when the rate is kept.
+
+        Designing one can take milliseconds: call this off an event loop.
+        Raises :class:`UnsupportedAudioError` when the two rates have no
+        common divisor that keeps the filter small (16001 Hz to 16000 Hz, say).
+        """
         if self.sample_rate is None or self.sample_rate == source_rate:
             return None
         return _resampler(source_rate, self.sample_rate)
+
+    def resamples(self, source_rate: int) -> bool:
+        """Whether files of a recording at ``source_rate`` are resampled."""
+        return self.sample_rate is not None and self.sample_rate != source_rate
 
     def span(
         self, source_rate: int, start_frame: int, num_frames: int, recording_frames: int
     ) -> tuple[int, int]:
         """(first output frame, output frames) of a file, within the resampled recording."""
-        resampler = self.resampler(source_rate)
-        if resampler is None:
+        if not self.resamples(source_rate):
             return start_frame, num_frames
         rate = self.rate(source_rate)
         start = _scaled(start_frame, rate, source_rate)
-        total = resampler.output_frames(recording_frames)
+        total = -(-recording_frames * rate // source_rate)  # Resampler.output_frames
         return start, max(0, min(_scaled(num_frames, rate, source_rate), total - start))
 
     def layout(self, source_rate: int, channels: int, output_frames: int) -> WavLayout:
@@ -81,8 +97,19 @@ class OutputFormat:
         return np.ascontiguousarray(samples).astype("<i2", copy=False).tobytes()
 
 
-@lru_cache(maxsize=64)
+#: Resamplers kept designed: one per source rate in use (speech corpora have a handful).
+_RESAMPLERS_KEPT = 16
+
+
+@lru_cache(maxsize=_RESAMPLERS_KEPT)
 def _resampler(source_rate: int, target_rate: int) -> Resampler:
+    reduced = max(source_rate, target_rate) // gcd(source_rate, target_rate)
+    if reduced > MAX_RESAMPLING_RATIO_TERM:
+        raise UnsupportedAudioError(
+            f"cannot resample {source_rate} Hz to {target_rate} Hz exactly: their ratio "
+            f"reduces to terms up to {reduced} (at most {MAX_RESAMPLING_RATIO_TERM}), whose "
+            f"filter would have {20 * reduced + 1} taps"
+        )
     return Resampler(source_rate, target_rate)
 
 

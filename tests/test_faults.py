@@ -138,18 +138,20 @@ def test_stalled_storage_fails_reads_at_the_deadline_and_serves_the_rest(
 
 
 def test_a_hung_decoder_is_replaced_and_only_its_read_fails(shard_dir: str, tmp_path: Path) -> None:
-    with mounted(
-        shard_dir, str(tmp_path / "mnt"), "--workers", "1", "--read-timeout", "2"
-    ) as mount:
+    # --direct-io: the kernel retries a failed buffered read once (and the retry would reach
+    # the new worker); direct reads show the first read's own outcome.
+    options = ("--workers", "1", "--read-timeout", "2", "--direct-io")
+    with mounted(shard_dir, str(tmp_path / "mnt"), *options) as mount:
         expected = _read(os.path.join(mount, "cuts", "vorbis_mono_16k", "start.wav"))
         (worker,) = _decoder_pids(mount)
         os.kill(worker, signal.SIGSTOP)
         cut = os.path.join(mount, "cuts", "mp3_vbr_stereo_44k", "end.wav")
-        outcome = _in_thread(lambda: _read(cut), timeout=60)
-        # The kernel retries a failed read once; the retry reaches the new worker.
-        assert isinstance(outcome, bytes) or getattr(outcome, "errno", None) == errno.EIO
+        outcome = _in_thread(lambda: _read(cut), timeout=20)  # ten deadlines: it did not hang
+        assert isinstance(outcome, OSError) and outcome.errno == errno.EIO
+        assert _stats(mount)["errors"]["deadline"] == 1
         assert _decoder_pids(mount) != [worker]
         assert _stats(mount)["workers"]["restarts"] == 1
+        assert len(_read(cut)) > 44  # the replacement serves it
         assert (
             _read(os.path.join(mount, "recordings", "vorbis_mono_16k.wav"), 0, len(expected))[44:]
             == expected[44:]
@@ -159,19 +161,28 @@ def test_a_hung_decoder_is_replaced_and_only_its_read_fails(shard_dir: str, tmp_
 def test_a_crashed_decoder_is_replaced_and_only_its_read_fails(
     shard_dir: str, tmp_path: Path
 ) -> None:
-    with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "2") as mount:
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "2", "--direct-io") as mount:
         before = _decoder_pids(mount)
         assert len(before) == 2
         for pid in before:
             os.kill(pid, signal.SIGSTOP)
         cut = os.path.join(mount, "cuts", "flac_s24_stereo_48k", "overlap-b.wav")
-        reader = threading.Thread(target=lambda: _in_thread(lambda: _read(cut), 60))
+        outcomes: list[bytes | BaseException] = []
+        reader = threading.Thread(
+            target=lambda: outcomes.append(_in_thread(lambda: _read(cut), 60))
+        )
         reader.start()
-        time.sleep(0.5)  # the read is now parked in a stopped worker
+        deadline = time.monotonic() + 20
+        while _stats(mount)["workers"]["busy"] == 0:  # the read is parked in a stopped worker
+            assert time.monotonic() < deadline, "the read never reached a worker"
+            time.sleep(0.05)
         for pid in before:
             os.kill(pid, signal.SIGKILL)
         reader.join(60)
         assert not reader.is_alive()
+        (outcome,) = outcomes
+        assert isinstance(outcome, OSError) and outcome.errno == errno.EIO
+        assert _stats(mount)["errors"]["worker_died"] == 1
         deadline = time.monotonic() + 20  # the watcher replaces idle dead workers each second
         while len(after := _decoder_pids(mount)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -592,3 +592,113 @@ def test_a_root_daemon_reads_as_the_sources_owner(public: Path, corpus: dict[str
             uid, gid = _ids(worker)
             assert uid == [other_uid()] * 4 and gid == [other_gid()] * 4
     assert not os.path.ismount(mountpoint)  # root again to unmount
+
+
+# -- bounded by configuration -------------------------------------------------------------------
+
+
+def test_read_timeout_covers_waiting_for_a_busy_worker(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """With the only worker busy for minutes, a read fails after --read-timeout, not later."""
+    data = _kaldi_by_other_user(public, corpus, "sleep 331.5; cat a.flac")
+    mountpoint = public / "mnt"
+    options = ("--allow-other", "--allow-commands", "--workers", "1", "--read-timeout", "2")
+    with mounted(str(data), str(mountpoint), *options):
+        busy = subprocess.Popen(
+            ["cat", str(mountpoint / "cuts" / "piped.wav")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 20
+        while not _processes_with("^sleep 331.5") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_with("^sleep 331.5"), "the command never started"
+        # 20 s is ten deadlines: before, this read waited for the worker (minutes here).
+        waiting = as_other_user("cat", str(mountpoint / "cuts" / "plain.wav"), timeout=20)
+        assert waiting.returncode != 0
+        assert b"Input/output error" in waiting.stderr
+        _, errors = busy.communicate(timeout=20)  # its own read gave up at its deadline too
+        assert busy.returncode != 0, errors
+        assert _processes_with("^sleep 331.5"), "indexing goes on in the background"
+    assert _processes_with("^sleep 331.5") == []
+
+
+def test_absurd_rates_fail_their_own_reads_without_stalling_others(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    """A WAV at 1 000 003 Hz and one at 16 001 Hz with --sample-rate 16000: each fails alone."""
+    source = public / "audio"
+    source.mkdir()
+    samples = np.zeros(16001, dtype="<i2")
+    for name, rate in (("too-fast", 1_000_003), ("odd", 16001)):
+        (source / f"{name}.wav").write_bytes(wav_header(rate, 1, len(samples)) + samples.tobytes())
+    shutil.copy(corpus["wav_s16_mono_16k.wav"], source / "plain.wav")
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other", "--sample-rate", "16000"):
+        cuts = mountpoint / "cuts"
+        assert as_other_user("ls", str(cuts)).stdout.decode().split() == [
+            "metadata.jsonl",
+            "odd.wav",
+            "plain.wav",
+            "too-fast.wav",
+        ]
+        assert as_other_user("stat", "-c", "%s", str(cuts / "too-fast.wav")).returncode != 0
+        assert os.stat(cuts / "odd.wav").st_size == 44 + 2 * 16000  # exact, arithmetic only
+        assert as_other_user("cat", str(cuts / "odd.wav"), timeout=20).returncode != 0
+        plain = as_other_user("cat", str(cuts / "plain.wav"))
+        reference = references["wav_s16_mono_16k.wav"]
+        assert plain.returncode == 0
+        assert plain.stdout[:44] == wav_header(16000, 1, len(reference.samples))
+        log = _stats(mountpoint)["errors"]
+        assert log.get("unsupported_audio", 0) >= 2, log
+
+
+def test_time_ranges_are_freed_when_the_kernel_forgets_them(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """Each range looked up holds an inode only while the kernel remembers it."""
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other"):
+        ranges = mountpoint / "recordings" / "a"
+        for number in range(300):
+            start = number / 100
+            size = as_other_user("stat", "-c", "%s", str(ranges / f"{start:g}-{start + 1:g}.wav"))
+            assert size.stdout.decode().strip() == str(44 + 2 * 16000)
+        held = _stats(mountpoint)["views"]["time_ranges"]
+        assert held == 300
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")  # the kernel forgets its dentries
+        deadline = time.monotonic() + 10
+        while _stats(mountpoint)["views"]["time_ranges"] > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _stats(mountpoint)["views"]["time_ranges"] == 0  # 300 for ever before
+
+
+def test_windows_of_a_week_long_recording_cost_no_memory(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """6 million windows of a declared week: a deep window is found at once, by arithmetic."""
+    source = public / "source"
+    source.mkdir()
+    audio = source / "a.flac"
+    shutil.copy(corpus[FLAC], audio)
+    week = 7 * 24 * 3600 * 16000
+    with open(source / "recordings.jsonl", "w") as out:
+        out.write(json.dumps(_recording("long", str(audio), 16000, week)) + "\n")
+    mountpoint = public / "mnt"
+    options = ("--allow-other", "--window", "0.1")
+    with mounted(str(source), str(mountpoint), *options):
+        window = mountpoint / "windows" / "long" / "100000-100000.1.wav"
+        size = as_other_user("stat", "-c", "%s", str(window), timeout=20)
+        assert size.stdout.decode().strip() == str(44 + 2 * 1600), size.stderr
+        with os.scandir(mountpoint / "windows" / "long") as entries:
+            first = [entry.name for _, entry in zip(range(3), entries, strict=False)]
+        assert first == ["0-0.1.wav", "0.1-0.2.wav", "0.2-0.3.wav"]
+        assert not (mountpoint / "windows" / "long" / "100000.05-100000.15.wav").exists()
+        (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
+        status = Path(f"/proc/{daemon}/status").read_text()
+        rss_kib = int(next(line for line in status.splitlines() if line.startswith("VmRSS"))[6:-3])
+        assert rss_kib < 400 * 1024  # a list of 6M windows took gigabytes before

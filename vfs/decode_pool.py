@@ -190,8 +190,19 @@ class DecodePool:
     async def _in_worker(
         self, request: _Request, deadline_seconds: float
     ) -> tuple[Any, DecodeTrace]:
+        """Ask a worker; the wait for a free worker counts against the deadline too."""
         assert self._available is not None
-        async with self._available:
+        started = trio.current_time()
+        with trio.move_on_after(deadline_seconds) as waiting:
+            await self._available.acquire()
+        if waiting.cancelled_caught:
+            raise DecodeDeadlineError(
+                f"{_describe(request)}: no decoder worker was free within "
+                f"{deadline_seconds:g} s (all busy)",
+                where=self._recording_id(request),
+            )
+        deadline_seconds -= trio.current_time() - started
+        try:
             worker = self._idle.pop()
             try:
                 if not worker.alive():
@@ -205,6 +216,8 @@ class DecodePool:
                 raise
             finally:
                 self._idle.append(worker)
+        finally:
+            self._available.release()
 
     async def _ask(
         self, worker: _Worker, request: _Request, deadline_seconds: float

@@ -29,9 +29,10 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, overload
 
 import numpy as np
 import trio
@@ -40,17 +41,24 @@ from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.library import AudioShape, Library
 from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.wav_layout import HEADER_BYTES, WavLayout
+from cutfs.vfs.decode_pool import DecodeDeadlineError
 from cutfs.vfs.frame_source import FrameSource
+from cutfs.vfs.fs_error import FsError
 from cutfs.vfs.inode_table import (
     CUT_INODE_BASE,
     RECORDING_INODE_BASE,
     ROOT_INODE,
     SPAN_INODE_BASE,
+    WINDOW_BITS,
+    WINDOW_INODE_BASE,
     Directory,
     InodeTable,
     NodeKind,
+    window_inode,
+    window_of,
 )
 from cutfs.vfs.manifest_files import AUDIOFOLDER_METADATA, NEEDS_LENGTHS, ManifestFiles
+from cutfs.vfs.span_table import SpanTable
 
 CONTROL_DIR: Final = ".cutfs"
 STATS_FILE: Final = "stats"
@@ -66,14 +74,6 @@ _INDEXING_AT_ONCE: Final = 4
 _READAHEAD_FRAMES: Final = 48000 * 60
 _DIRECTORY_MODE: Final = stat.S_IFDIR | 0o555
 _FILE_MODE: Final = stat.S_IFREG | 0o444
-
-
-class FsError(Exception):
-    """An error for the kernel, carrying its errno value."""
-
-    def __init__(self, error_number: int, message: str = "") -> None:
-        super().__init__(error_number, message or os.strerror(error_number))
-        self.errno = error_number
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,11 @@ class Attributes:
 @dataclass(frozen=True, slots=True)
 class Windows:
     """Fixed windows of every recording: ``length_seconds`` long, starting every
-    ``length_seconds - overlap_seconds``; the last one ends with the recording."""
+    ``length_seconds - overlap_seconds``; the last one ends with the recording.
+
+    Windows are arithmetic: window ``k`` starts at ``k * step`` frames; none is
+    stored.
+    """
 
     length_seconds: float
     overlap_seconds: float = 0.0
@@ -104,19 +108,61 @@ class Windows:
         if not 0 <= self.overlap_seconds < self.length_seconds:
             raise ValueError("windows need 0 <= overlap < length")
 
-    def spans(self, shape: AudioShape) -> list[tuple[int, int]]:
-        """(start frame, end frame) of each window of a recording."""
-        length = seconds_to_frames(self.length_seconds, shape.sample_rate)
+    def _frames(self, shape: AudioShape) -> tuple[int, int]:
+        """(length, step) in frames at the recording's rate."""
+        length = max(seconds_to_frames(self.length_seconds, shape.sample_rate), 1)
         step = length - seconds_to_frames(self.overlap_seconds, shape.sample_rate)
-        spans = []
-        start = 0
-        while start < shape.num_frames:
-            end = min(start + length, shape.num_frames)
-            spans.append((start, end))
-            if end == shape.num_frames:
-                break
-            start += max(step, 1)
-        return spans
+        return length, max(step, 1)
+
+    def count(self, shape: AudioShape) -> int:
+        """How many windows a recording has (the last is the first to reach its end)."""
+        if shape.num_frames == 0:
+            return 0
+        length, step = self._frames(shape)
+        return max(0, -(-(shape.num_frames - length) // step)) + 1
+
+    def span(self, shape: AudioShape, number: int) -> tuple[int, int]:
+        """(start frame, end frame) of window ``number``."""
+        length, step = self._frames(shape)
+        start = number * step
+        return start, min(start + length, shape.num_frames)
+
+    def number_at(self, shape: AudioShape, start: int, end: int) -> int | None:
+        """The window that is exactly ``[start, end)``, if any."""
+        _, step = self._frames(shape)
+        number, remainder = divmod(start, step)
+        if remainder or not 0 <= number < self.count(shape):
+            return None
+        return number if self.span(shape, number) == (start, end) else None
+
+
+class WindowListing(Sequence[tuple[bytes, int]]):
+    """The entries of a recording's window directory, made as they are read."""
+
+    def __init__(self, windows: Windows, recording_index: int, shape: AudioShape) -> None:
+        self._windows = windows
+        self._recording_index = recording_index
+        self._shape = shape
+        self._count = min(windows.count(shape), 1 << WINDOW_BITS)
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, position: int) -> tuple[bytes, int]: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> Sequence[tuple[bytes, int]]: ...
+
+    def __getitem__(self, position: int | slice) -> tuple[bytes, int] | Sequence[tuple[bytes, int]]:
+        if isinstance(position, slice):
+            return [self[number] for number in range(*position.indices(self._count))]
+        if not 0 <= position < self._count:
+            raise IndexError(position)
+        start, end = self._windows.span(self._shape, position)
+        rate = self._shape.sample_rate
+        name = f"{_seconds_label(start, rate)}-{_seconds_label(end, rate)}.wav".encode()
+        return name, window_inode(self._recording_index, position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,10 +222,10 @@ class Filesystem:
         self._range_parents = _stems(table, recordings, recording_paths)
         self._hidden: dict[tuple[int, bytes], int] = {}  # (parent, name) -> range directory
         self._range_directories: dict[int, int] = {}  # directory inode -> recording
-        self._spans: dict[int, tuple[int, int, int]] = {}  # inode -> (recording, start, end)
-        self._span_inodes: dict[tuple[int, int, int], int] = {}
+        self._spans = SpanTable(SPAN_INODE_BASE)
         self._windows = windows
         self._window_directories: dict[int, int] = {}  # directory inode -> recording
+        self._window_listings: dict[int, WindowListing] = {}
         if windows is not None:
             windows_root = table.add_directory(table.root, WINDOWS_DIR)
             for number, path in recording_paths.items():
@@ -191,33 +237,31 @@ class Filesystem:
     # -- metadata ---------------------------------------------------------------------------
 
     async def lookup(self, parent_inode: int, name: bytes) -> Attributes:
+        with self._deadline("looking up a name"):
+            return await self._lookup(parent_inode, name)
+
+    async def _lookup(self, parent_inode: int, name: bytes) -> Attributes:
         directory = self._directory(parent_inode)
         if name == b".":
-            return await self.getattr(parent_inode)
+            return await self._getattr(parent_inode)
         if name == b"..":
-            return await self.getattr(directory.parent)
-        await self.open_directory(parent_inode)
+            return await self._getattr(directory.parent)
+        await self._open_directory(parent_inode)
         inode = directory.children.get(name)
         if inode is None:
             inode = await self._span_lookup(directory, name)
-        return await self.getattr(inode)
+        return await self._getattr(inode)
 
     async def open_directory(self, inode: int) -> None:
         """Check that ``inode`` is a directory; fill a window directory on first use."""
-        directory = self._directory(inode)
-        recording_index = self._window_directories.pop(inode, None)
-        if recording_index is None or self._windows is None:
-            return
-        try:
-            shape = await self._shape(recording_index)
-        except BaseException:
-            self._window_directories[inode] = recording_index  # try again next time
-            raise
-        rate = shape.sample_rate
-        for start, end in self._windows.spans(shape):
-            name = f"{_seconds_label(start, rate)}-{_seconds_label(end, rate)}.wav"
-            directory.children[name.encode()] = self._span_inode(recording_index, start, end)
-        self._listings.pop(inode, None)
+        with self._deadline("opening a directory"):
+            await self._open_directory(inode)
+
+    async def _open_directory(self, inode: int) -> None:
+        self._directory(inode)
+        recording_index = self._window_directories.get(inode)
+        if recording_index is not None and self._windows is not None:
+            await self._shape(recording_index)  # its windows need its length
 
     async def _span_lookup(self, directory: Directory, name: bytes) -> int:
         """A recording's hidden range directory, or a time range file in one."""
@@ -229,25 +273,36 @@ class Filesystem:
                 self._hidden[(directory.inode, name)] = inode
                 self._range_directories[inode] = recording_index
             return inode
+        window_recording = self._window_directories.get(directory.inode)
         recording_index = self._range_directories.get(directory.inode)
         matched = _RANGE_NAME.fullmatch(name)
-        if recording_index is None or matched is None:
+        if matched is None or (recording_index is None and window_recording is None):
             raise FsError(errno.ENOENT)
-        shape = await self._shape(recording_index)
+        recording = recording_index if recording_index is not None else window_recording
+        assert recording is not None
+        shape = await self._shape(recording)
         start = seconds_to_frames(float(matched[1]), shape.sample_rate)
         end = seconds_to_frames(float(matched[2]), shape.sample_rate)
         if not 0 <= start < end <= shape.num_frames:
             raise FsError(errno.ENOENT)
-        return self._span_inode(recording_index, start, end)
+        if window_recording is not None:
+            assert self._windows is not None
+            number = self._windows.number_at(shape, start, end)
+            if number is None or number >= 1 << WINDOW_BITS:
+                raise FsError(errno.ENOENT)
+            return window_inode(window_recording, number)
+        assert recording_index is not None
+        return self._spans.acquire((recording_index, start, end))
 
-    def _span_inode(self, recording_index: int, start: int, end: int) -> int:
-        key = (recording_index, start, end)
-        inode = self._span_inodes.get(key)
-        if inode is None:
-            inode = SPAN_INODE_BASE + len(self._spans)
-            self._spans[inode] = key
-            self._span_inodes[key] = inode
-        return inode
+    @property
+    def time_ranges(self) -> int:
+        """Time-range files the kernel still holds (they are freed when it forgets them)."""
+        return len(self._spans)
+
+    def forget(self, inode: int, references: int) -> None:
+        """The kernel dropped ``references`` lookups of ``inode`` (only time ranges care)."""
+        if self._table.kind(inode) is NodeKind.SPAN:
+            self._spans.forget(inode, references)
 
     async def _shape(self, recording_index: int) -> AudioShape:
         """A recording's shape, having it indexed first if the library does not know it."""
@@ -258,6 +313,10 @@ class Filesystem:
 
     async def getattr(self, inode: int) -> Attributes:
         """A node's attributes; a WAV file's size may need its recording indexed first."""
+        with self._deadline("reading attributes", inode):
+            return await self._getattr(inode)
+
+    async def _getattr(self, inode: int) -> Attributes:
         kind = self._table.kind(inode)
         if kind in _WAV_KINDS:
             source = await self.wav_source(inode)
@@ -289,8 +348,18 @@ class Filesystem:
             return Attributes(inode, _FILE_MODE, source.layout.size_bytes)
         raise FsError(errno.ENOENT)
 
-    def listing(self, inode: int) -> list[tuple[bytes, int]]:
-        """A directory's entries as (name, inode), in a fixed order."""
+    def listing(self, inode: int) -> Sequence[tuple[bytes, int]]:
+        """A directory's entries as (name, inode), in a fixed order.
+
+        A window directory's entries are made as they are read (after
+        :meth:`open_directory`, which learns the recording's length).
+        """
+        recording_index = self._window_directories.get(inode)
+        if recording_index is not None and self._windows is not None:
+            shape = self._library.shape(recording_index)
+            if shape is None:
+                return []
+            return WindowListing(self._windows, recording_index, shape)
         entries = self._listings.get(inode)
         if entries is None:
             entries = list(self._directory(inode).children.items())
@@ -312,8 +381,10 @@ class Filesystem:
             self._library.recording_ids
         ):
             raise FsError(errno.ENOENT)
-        if kind is NodeKind.SPAN and inode not in self._spans:
+        if kind is NodeKind.SPAN and self._spans.get(inode) is None:
             raise FsError(errno.ENOENT)
+        if kind is NodeKind.WINDOW:
+            self._window(inode)  # ENOENT for a window that does not exist
 
     def is_volatile(self, inode: int) -> bool:
         return inode in self._volatile
@@ -321,7 +392,15 @@ class Filesystem:
     # -- data -------------------------------------------------------------------------------
 
     async def read(self, inode: int, offset: int, size: int) -> bytes:
-        """Exactly the bytes ``[offset, offset + size)`` of a file, fewer only at its end."""
+        """Exactly the bytes ``[offset, offset + size)`` of a file, fewer only at its end.
+
+        The whole read (waiting for a worker, indexing, decoding) takes at most
+        the read deadline; past it, :class:`DecodeDeadlineError` (EIO).
+        """
+        with self._deadline("reading", inode):
+            return await self._read(inode, offset, size)
+
+    async def _read(self, inode: int, offset: int, size: int) -> bytes:
         if offset < 0 or size < 0:
             raise FsError(errno.EINVAL)
         kind = self._table.kind(inode)
@@ -341,14 +420,25 @@ class Filesystem:
         return source
 
     def _recording_of(self, inode: int) -> int:
+        if inode >= WINDOW_INODE_BASE:
+            return window_of(inode)[0]
         if inode >= SPAN_INODE_BASE:
-            return self._spans[inode][0]
+            span = self._spans.get(inode)
+            if span is None:
+                raise FsError(errno.ENOENT)
+            return span[0]
         if inode >= RECORDING_INODE_BASE:
             return inode - RECORDING_INODE_BASE
         return self._library.cut_recording(inode - CUT_INODE_BASE)
 
     def _known_wav_source(self, inode: int) -> WavSource | None:
         library = self._library
+        if inode >= WINDOW_INODE_BASE:
+            recording_index = window_of(inode)[0]
+            if library.shape(recording_index) is None:
+                return None
+            recording_index, start, end = self._window(inode)
+            return self._served(recording_index, start, end - start, ())
         if inode >= SPAN_INODE_BASE:
             span = self._spans.get(inode)
             if span is None:
@@ -383,6 +473,17 @@ class Filesystem:
         )
         return WavSource(recording_index, start, channels, layout, output_start, shape)
 
+    def _window(self, inode: int) -> tuple[int, int, int]:
+        """(recording, start, end) of a window inode; ENOENT if there is no such window."""
+        recording_index, number = window_of(inode)
+        shape = None
+        if self._windows is not None and recording_index < len(self._library.recording_ids):
+            shape = self._library.shape(recording_index)
+        if shape is None or self._windows is None or number >= self._windows.count(shape):
+            raise FsError(errno.ENOENT)
+        start, end = self._windows.span(shape, number)
+        return recording_index, start, end
+
     def _cut_layout(self, index: int) -> WavLayout | None:
         """A cut file's layout for the manifests, ``None`` until its recording is indexed."""
         source = self._known_wav_source(CUT_INODE_BASE + index)
@@ -405,7 +506,10 @@ class Filesystem:
 
     async def _samples(self, source: WavSource, first: int, last: int) -> np.ndarray:
         """The file's frames ``[first, last)`` before encoding (16-bit scale)."""
-        resampler = self._format.resampler(source.shape.sample_rate)
+        source_rate = source.shape.sample_rate
+        resampler = None
+        if self._format.resamples(source_rate):  # designing a filter takes a while: off the loop
+            resampler = await trio.to_thread.run_sync(self._format.resampler, source_rate)
         if resampler is None:
             start = source.start_frame
             frames = await self._frames.frames(
@@ -434,6 +538,33 @@ class Filesystem:
         )
 
     # -- helpers ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _deadline(self, what: str, inode: int | None = None) -> Iterator[None]:
+        """Fail the request with :class:`DecodeDeadlineError` when it runs past the deadline.
+
+        The error names the recording of ``inode`` when there is one.  Work the
+        request started for others (indexing a recording) goes on in the background.
+        """
+        seconds = self._frames.deadline_seconds
+        try:
+            with trio.fail_after(seconds):
+                yield
+        except trio.TooSlowError:
+            raise DecodeDeadlineError(
+                f"{what} took longer than {seconds:g} s (--read-timeout; storage not "
+                "answering, or every decoder busy?)",
+                where=self._describe(inode),
+            ) from None
+
+    def _describe(self, inode: int | None) -> str | None:
+        """The recording an inode's file is of, for messages (``None`` if it has none)."""
+        if inode is None or self._table.kind(inode) not in _WAV_KINDS:
+            return None
+        try:
+            return self._library.recording_ids[self._recording_of(inode)]
+        except (FsError, IndexError):
+            return None
 
     def _directory(self, inode: int) -> Directory:
         directory = self._table.directory(inode)
@@ -481,7 +612,7 @@ class Filesystem:
                 nursery.start_soon(index, number)
 
 
-_WAV_KINDS: Final = frozenset({NodeKind.CUT, NodeKind.RECORDING, NodeKind.SPAN})
+_WAV_KINDS: Final = frozenset({NodeKind.CUT, NodeKind.RECORDING, NodeKind.SPAN, NodeKind.WINDOW})
 
 
 def _stems(

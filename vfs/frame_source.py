@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import trio
 
-from cutfs.codec.errors import ManifestMismatchError
+from cutfs.codec.errors import CutfsError, ManifestMismatchError
 from cutfs.codec.library import Library
 from cutfs.codec.pcm import Int16Array
 from cutfs.vfs.block_cache import BlockCache, BlockKey
@@ -42,28 +42,43 @@ class FrameSource:
         self._pool = pool
         self._in_flight: dict[BlockKey, trio.Event] = {}
         self._indexing: dict[int, trio.Event] = {}
+        #: The last failure to index a recording, with the event of that attempt.
+        self._index_failures: dict[int, tuple[trio.Event, Exception]] = {}
+
+    @property
+    def deadline_seconds(self) -> float:
+        """How long one read may take, waiting for workers and indexing included."""
+        return self._pool.deadline_seconds
 
     async def index(self, recording_index: int) -> None:
         """Make the library know a recording's plan, having a worker compute it once.
 
-        Concurrent calls for the same recording wait for the first one; a
-        failure is not remembered, so a later call tries again.
+        The indexing runs in the background: a caller that gives up (its read's
+        deadline) does not stop it, and a later call finds the plan made.
+        Concurrent calls wait for the same indexing.  A failure is not
+        remembered: the callers waiting get it, and a later call tries again.
         """
-        while recording_index not in self._indexing:
-            if self._library.shape(recording_index) is not None:
-                return
-            done = trio.Event()
-            self._indexing[recording_index] = done
-            try:
-                plan = await self._pool.index(recording_index)
-                self._library.adopt(recording_index, plan)
-                return
-            finally:
-                del self._indexing[recording_index]
-                done.set()
-        await self._indexing[recording_index].wait()
-        if self._library.shape(recording_index) is None:
-            await self.index(recording_index)  # the first attempt failed: try ourselves
+        while self._library.shape(recording_index) is None:
+            done = self._indexing.get(recording_index)
+            if done is None:
+                done = trio.Event()
+                self._indexing[recording_index] = done
+                trio.lowlevel.spawn_system_task(self._index, recording_index, done)
+            await done.wait()
+            failure = self._index_failures.get(recording_index)
+            if failure is not None and failure[0] is done:
+                raise _fresh(failure[1])
+
+    async def _index(self, recording_index: int, done: trio.Event) -> None:
+        try:
+            plan = await self._pool.index(recording_index)
+            self._library.adopt(recording_index, plan)
+            self._index_failures.pop(recording_index, None)
+        except Exception as exc:  # handed to the waiting callers, who report it
+            self._index_failures[recording_index] = (done, exc)
+        finally:
+            del self._indexing[recording_index]
+            done.set()
 
     async def frames(
         self, recording_index: int, first: int, end: int, readahead_end: int = 0
@@ -190,6 +205,13 @@ class _Span:
 
     recording_id: str
     frame_limit: int
+
+
+def _fresh(error: Exception) -> Exception:
+    """A copy of ``error`` for one more caller (one exception object is raised once)."""
+    if isinstance(error, CutfsError):
+        return type(error)(error.message, where=error.where)
+    return CutfsError(f"indexing failed: {error!r}")
 
 
 def _runs(numbers: list[int]) -> list[list[int]]:

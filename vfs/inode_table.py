@@ -5,8 +5,9 @@ so nothing is allocated per lookup:
 
 * directories and generated text files: small numbers from 1 (the root);
 * cut ``i``: ``CUT_INODE_BASE + i``; recording ``r``: ``RECORDING_INODE_BASE + r``;
-* spans of recordings made on demand (windows, time ranges): ``SPAN_INODE_BASE`` and up,
-  numbered in the order they are first looked up.
+* time ranges made on lookup: ``SPAN_INODE_BASE`` and up, numbered while the kernel
+  remembers them (:class:`cutfs.vfs.span_table.SpanTable`);
+* window ``k`` of recording ``r``: ``WINDOW_INODE_BASE + (r << WINDOW_BITS) + k``.
 
 Only directories are objects; a directory maps entry names (bytes, as the
 kernel passes them) to inodes.
@@ -25,6 +26,9 @@ ROOT_INODE: Final = 1
 CUT_INODE_BASE: Final = 1 << 40
 RECORDING_INODE_BASE: Final = 1 << 41
 SPAN_INODE_BASE: Final = 1 << 42
+WINDOW_INODE_BASE: Final = 1 << 48
+#: A recording has at most ``1 << WINDOW_BITS`` windows (16.7 million).
+WINDOW_BITS: Final = 24
 
 
 class NodeKind(Enum):
@@ -33,6 +37,7 @@ class NodeKind(Enum):
     CUT = "cut"
     RECORDING = "recording"
     SPAN = "span"
+    WINDOW = "window"
 
 
 @dataclass
@@ -54,6 +59,8 @@ class InodeTable:
 
     def kind(self, inode: int) -> NodeKind | None:
         """What the inode is, or ``None`` if it does not exist."""
+        if inode >= WINDOW_INODE_BASE:
+            return NodeKind.WINDOW
         if inode >= SPAN_INODE_BASE:
             return NodeKind.SPAN
         if inode >= RECORDING_INODE_BASE:
@@ -156,3 +163,13 @@ class InodeTable:
         inode = self._next_inode
         self._next_inode += 1
         return inode
+
+
+def window_inode(recording_index: int, number: int) -> int:
+    return WINDOW_INODE_BASE + (recording_index << WINDOW_BITS) + number
+
+
+def window_of(inode: int) -> tuple[int, int]:
+    """(recording, window number) of a window inode."""
+    offset = inode - WINDOW_INODE_BASE
+    return offset >> WINDOW_BITS, offset & ((1 << WINDOW_BITS) - 1)

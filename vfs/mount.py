@@ -211,6 +211,7 @@ def serve(
                 workers=asdict(pool.statistics()),
                 kernel=kernel,
                 shards=library.describe(),
+                views={"time_ranges": filesystem.time_ranges},
             )
             return (json.dumps(snapshot, indent=2) + "\n").encode()
 

@@ -22,7 +22,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -126,6 +126,19 @@ class Operations(pyfuse3.Operations):
     @_errno_boundary
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         return self._entry(await self._fs.getattr(inode))
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        """The kernel dropped lookups; time ranges it no longer knows are freed.
+
+        FORGET has no reply, so nothing may be raised: a failure is logged.
+        """
+        self._statistics.count("requests.forget")
+        try:
+            for inode, references in inode_list:
+                self._fs.forget(inode, references)
+        except Exception:
+            self._statistics.error("internal")
+            log.exception("forget failed unexpectedly")
 
     @_errno_boundary
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
