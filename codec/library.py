@@ -38,6 +38,9 @@ class Library(Protocol):
 
     #: What a decoder process passes to :func:`open_library` to open the same library.
     directory: str
+    #: A digest of what the library held when opened; a process that opens the
+    #: directory later and finds another identity must not serve from it.
+    identity: str
 
     @property
     def recording_ids(self) -> Sequence[str]: ...

@@ -65,6 +65,8 @@ _PREROLL: Final[dict[str, tuple[float, int]]] = {
     "opus": (0.5, 0),
     "aac": (0.1, 4096),
 }
+#: What FLAC may add to 16-bit PCM (headers, seek table, frame headers), generously.
+_FLAC_FRAMING_BYTES: Final = 1 << 20
 #: The seek index keeps a point about this often.
 SEEK_INTERVAL_SECONDS: Final = 0.5
 #: No seek point among the last packets of a stream.
@@ -91,13 +93,18 @@ class IndexedRecording:
     notes: list[str] = field(default_factory=list)
 
 
-def index_recording(blob: memoryview, recording_id: str, workdir: str) -> IndexedRecording:
+def index_recording(
+    blob: memoryview, recording_id: str, workdir: str, max_transcode_bytes: int | None = None
+) -> IndexedRecording:
     """Analyse the encoded bytes of one recording (see the module docstring).
 
     Raises :class:`UnsupportedAudioError` when the bytes hold no decodable
-    audio stream and :class:`CorruptDataError` when decoding fails part way.
+    audio stream, or when transcoding would need more than
+    ``max_transcode_bytes`` (reckoned as 16-bit PCM, which FLAC never exceeds
+    by more than its framing), and :class:`CorruptDataError` when decoding
+    fails part way.
     """
-    indexed = _index(blob, recording_id, workdir)
+    indexed = _index(blob, recording_id, workdir, max_transcode_bytes)
     recording = indexed.recording
     check_shape(
         recording.sample_rate,
@@ -109,7 +116,9 @@ def index_recording(blob: memoryview, recording_id: str, workdir: str) -> Indexe
     return indexed
 
 
-def _index(blob: memoryview, recording_id: str, workdir: str) -> IndexedRecording:
+def _index(
+    blob: memoryview, recording_id: str, workdir: str, max_transcode_bytes: int | None
+) -> IndexedRecording:
     wave = parse_riff_wave(blob)
     if wave is not None:
         recording = Recording(
@@ -134,6 +143,14 @@ def _index(blob: memoryview, recording_id: str, workdir: str) -> IndexedRecordin
     if plan is not None and _seeks_match(blob, plan, scan):
         return IndexedRecording(plan)
     reason = scan.unsupported_reason or "decoding after a seek does not match a full decode"
+    needed = scan.num_frames * scan.channels * 2 + _FLAC_FRAMING_BYTES
+    if max_transcode_bytes is not None and needed > max_transcode_bytes:
+        raise UnsupportedAudioError(
+            f"must be transcoded to FLAC ({reason}), which needs up to {needed} bytes of "
+            f"cache; the index cache quota leaves {max(max_transcode_bytes, 0)} "
+            "(--index-cache-size)",
+            where=recording_id,
+        )
     flac_path = _transcode_to_flac(blob, recording_id, workdir)
     with open(flac_path, "rb") as flac_file:
         flac_bytes = memoryview(flac_file.read())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import time
@@ -72,6 +74,8 @@ class ShardSet:
         self._readers: dict[int, tuple[memoryview, Any]] = {}
         self._blobs: dict[int, tuple[int, int, int]] = {}
         self._check()
+        self._shard_stamps = [_stamp(os.path.join(directory, n)) for n in self._shard_names]
+        self.identity = _identity(directory, self._shard_stamps)
 
     def close(self) -> None:
         self._readers.clear()
@@ -159,6 +163,7 @@ class ShardSet:
     ) -> Int16Array:
         """Frames ``[first, end)`` of the full decode of a recording."""
         recording = self.recordings[recording_index]
+        self._check_unchanged(recording_index)
         self._prefetch(recording_index, recording, first, end)
         if trace is not None and trace.profile:
             started = time.perf_counter()
@@ -186,6 +191,21 @@ class ShardSet:
             span_end = after.byte_offset if after is not None else stop - start
             self.storage.prefetch(name, start, recording.header_bytes)
         self.storage.prefetch(name, start + span_start, span_end - span_start)
+
+    def _check_unchanged(self, recording_index: int) -> None:
+        """Refuse to decode from a shard file that changed since the directory was opened.
+
+        One ``stat`` per decode: a shard rewritten or replaced under a live
+        mount would otherwise serve other audio under the old names.
+        """
+        shard = self._blob_places[recording_index][0]
+        name = self._shard_names[shard]
+        if _stamp(os.path.join(self.directory, name)) != self._shard_stamps[shard]:
+            raise ShardFormatError(
+                "the shard changed since the directory was mounted (rewritten or replaced?): "
+                "remount to serve the new one",
+                where=f"{name}, recording {self.recordings[recording_index].recording_id}",
+            )
 
     def _locate_blob(self, recording_index: int) -> tuple[int, int, int]:
         shard, batch_number, stored_bytes = self._blob_places[recording_index]
@@ -255,6 +275,26 @@ class ShardSet:
             )
         if len(set(self.cut_ids)) != len(self.cut_ids):
             raise ShardFormatError("cut ids are not unique", where=self.directory)
+
+
+def _stamp(path: str) -> tuple[int, int, int]:
+    """(inode, size, modification time) of a file; all -1 when it cannot be read."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return (-1, -1, -1)
+    return (status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+def _identity(directory: str, shard_stamps: list[tuple[int, int, int]]) -> str:
+    """What the directory held when it was opened: its manifest, tables and shard files."""
+    digest = hashlib.sha256()
+    with contextlib.suppress(OSError), open(os.path.join(directory, MANIFEST_FILE), "rb") as file:
+        digest.update(file.read())
+    for name in (RECORDINGS_FILE, CUTS_FILE):
+        digest.update(repr(_stamp(os.path.join(directory, name))).encode())
+    digest.update(repr(shard_stamps).encode())
+    return digest.hexdigest()
 
 
 def _empty_cuts() -> pa.Table:

@@ -39,6 +39,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 import numpy as np
@@ -305,6 +306,12 @@ class SourceIndex:
         )
         self._plans: dict[int, Recording] = {}
         self._blobs: dict[int, tuple[str, int, int]] = {}
+        #: (inode, size, modification time) of each blob's file when its plan was made.
+        self._blob_stamps: dict[int, tuple[int, int, int]] = {}
+        #: What the catalogue was made from; decoder workers check they open the same.
+        self.identity = hashlib.sha256(
+            json.dumps([info.get("version"), info.get("stamp"), info.get("policy")]).encode()
+        ).hexdigest()
         self._cuts: dict[int, Cut] = {}
         #: Recordings whose audio disagrees with their manifest: id -> what differs.
         self.mismatches: dict[str, str] = {}
@@ -544,6 +551,7 @@ class SourceIndex:
         except (ShardFormatError, IndexError, KeyError, TypeError, ValueError, OSError):
             return None  # not computed yet, unreadable or not to be trusted: compute it again
         self._blobs[recording_index] = blob
+        self._blob_stamps[recording_index] = _file_stamp(blob[0])
         return recording
 
     def _checked_blob(
@@ -584,7 +592,7 @@ class SourceIndex:
                     f"cannot read the audio: {exc}", where=self._where(recording_index)
                 ) from exc
             try:
-                indexed = index_recording(blob, recording_id, workdir)
+                indexed = index_recording(blob, recording_id, workdir, self._cache_room() - length)
             except CutfsError as exc:
                 raise type(exc)(exc.message, where=self._where(recording_index)) from exc
             finally:
@@ -598,6 +606,7 @@ class SourceIndex:
         table = pa.Table.from_pylist([row], schema=_PLAN_SCHEMA)
         _write_table(plan_path, table)
         self._blobs[recording_index] = (path, offset, offset + length)
+        self._blob_stamps[recording_index] = _file_stamp(path)
         return indexed.recording
 
     def _source_bytes(self, recording_index: int, key: str) -> tuple[str, int, int]:
@@ -609,7 +618,9 @@ class SourceIndex:
                 where = self._where(recording_index)
                 defining_file = _defining_file(self._described_in[recording_index])
                 self.policy.check_command_file(defining_file, where)
-                run_command(command, path, self.policy.command_limits, where)
+                limits = self.policy.command_limits
+                room = max(min(limits.max_output_bytes, self._cache_room()), 0)
+                run_command(command, path, replace(limits, max_output_bytes=room), where)
             return path, 0, os.path.getsize(path)
         path = self._source_path(recording_index)
         offset = int(self._offsets[recording_index])
@@ -618,11 +629,27 @@ class SourceIndex:
         if column is not None:  # offset and length are the row group and the row
             extracted = os.path.join(self.directory, _PLANS, f"{key}.audio")
             if not os.path.exists(extracted):
-                _write_atomically(extracted, read_parquet_cell(path, column, offset, length))
+                cell = read_parquet_cell(path, column, offset, length)
+                if len(cell) > self._cache_room():
+                    raise SourceError(
+                        f"the row's {len(cell)} bytes do not fit in what the index cache "
+                        "quota leaves (--index-cache-size)",
+                        where=self._where(recording_index),
+                    )
+                _write_atomically(extracted, cell)
             return extracted, 0, os.path.getsize(extracted)
         if length < 0:
             length = os.path.getsize(path) - offset
         return path, offset, length
+
+    def _cache_room(self) -> int:
+        """Bytes of audio copies the index cache may still take (may be negative)."""
+        used = 0
+        with contextlib.suppress(OSError), os.scandir(os.path.join(self.directory, _PLANS)) as it:
+            for entry in it:
+                if entry.name.endswith((".audio", ".flac")) and entry.is_file():
+                    used += entry.stat().st_size
+        return self.policy.cache_quota_bytes - used
 
     def _source_path(self, recording_index: int) -> str:
         path = self._paths[recording_index]
@@ -668,8 +695,23 @@ class SourceIndex:
         self, recording_index: int, plan: Recording, first: int, end: int, trace: DecodeTrace | None
     ) -> Int16Array:
         path, start, stop = self._blobs[recording_index]
+        if _file_stamp(path) != self._blob_stamps.get(recording_index):
+            raise SourceError(
+                "the audio file changed since its recording was indexed: remount (or wait "
+                "for the index to be rebuilt) to serve the new audio",
+                where=self._where(recording_index),
+            )
         blob = self.storage.open_shard(path)[start:stop]
         return decode_frames(blob, plan, first, end, trace)
+
+
+def _file_stamp(path: str) -> tuple[int, int, int]:
+    """(inode, size, modification time) of a file; all -1 when it cannot be read."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return (-1, -1, -1)
+    return (status.st_ino, status.st_size, status.st_mtime_ns)
 
 
 def _stamp(source: str) -> str:

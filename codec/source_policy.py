@@ -25,10 +25,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Final
 
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import SourceError
+
+#: Default of ``--index-cache-size``.
+DEFAULT_CACHE_QUOTA_BYTES: Final = 8 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +47,9 @@ class SourcePolicy:
     allow_commands: bool = False
     command_limits: CommandLimits = field(default_factory=CommandLimits)
     unrestricted: bool = False
+    #: The most bytes of audio copies (command output, Parquet rows, transcodes) a
+    #: source may make the index cache hold.
+    cache_quota_bytes: int = DEFAULT_CACHE_QUOTA_BYTES
 
     @classmethod
     def for_source(
@@ -52,12 +59,15 @@ class SourcePolicy:
         *,
         allow_commands: bool = False,
         command_limits: CommandLimits | None = None,
+        cache_quota_bytes: int = DEFAULT_CACHE_QUOTA_BYTES,
     ) -> SourcePolicy:
         """The default policy for serving ``source``: its own location and ``extra_roots``."""
         source = os.path.realpath(source)
         own = source if os.path.isdir(source) else os.path.dirname(source)
         roots = tuple(dict.fromkeys([own, *(os.path.realpath(r) for r in extra_roots)]))
-        return cls(roots, allow_commands, command_limits or CommandLimits())
+        return cls(
+            roots, allow_commands, command_limits or CommandLimits(), False, cache_quota_bytes
+        )
 
     @classmethod
     def everything(cls, command_limits: CommandLimits | None = None) -> SourcePolicy:
@@ -67,7 +77,7 @@ class SourcePolicy:
     def with_root(self, root: str) -> SourcePolicy:
         """This policy, also allowing ``root`` (the index cache of the mount)."""
         roots = tuple(dict.fromkeys([*self.allowed_roots, os.path.realpath(root)]))
-        return SourcePolicy(roots, self.allow_commands, self.command_limits, self.unrestricted)
+        return replace(self, allowed_roots=roots)
 
     def is_allowed(self, path: str) -> bool:
         """Whether ``path``, links resolved, lies beneath an allowed root."""

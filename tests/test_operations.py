@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyfuse3
 import pytest
 import trio
+import trio.testing
 from conftest import Reference, copy_and_damage
 
 from cutfs.codec.packer import pack
@@ -152,7 +153,7 @@ def test_one_decode_serves_concurrent_readers_of_the_same_blocks(mount: Mount) -
         async with trio.open_nursery() as nursery:
             for _ in range(4):
                 nursery.start_soon(reader)
-            await trio.sleep(0.2)
+            await trio.testing.wait_all_tasks_blocked()  # one decode parked, three waiting on it
             assert mount.gate is not None
             mount.gate.set()
 
@@ -179,7 +180,7 @@ def test_the_event_loop_keeps_answering_while_a_decode_runs(mount: Mount) -> Non
         mount.gate = threading.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(slow_reader)
-            await trio.sleep(0.1)
+            await trio.testing.wait_all_tasks_blocked()  # the slow read is parked in its decode
             inode = await mount.inode("cuts/wav_s16_mono_16k/end.wav")
             await mount.ops.getattr(inode, None)
             assert await mount.read_all("cuts/flac_mono_16k/start.wav") == cached

@@ -702,3 +702,92 @@ def test_windows_of_a_week_long_recording_cost_no_memory(
         status = Path(f"/proc/{daemon}/status").read_text()
         rss_kib = int(next(line for line in status.splitlines() if line.startswith("VmRSS"))[6:-3])
         assert rss_kib < 400 * 1024  # a list of 6M windows took gigabytes before
+
+
+# -- pinned versions ----------------------------------------------------------------------------
+
+
+def _tone(path: Path, frequency: int) -> None:
+    sine = ["-f", "lavfi", "-i", f"sine=f={frequency}:d=240", "-ar", "16000"]
+    subprocess.run(["ffmpeg", "-v", "error", *sine, str(path)], check=True)
+
+
+def _decoder_pids(mountpoint: Path) -> list[int]:
+    (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
+    children = Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split()
+    return [
+        int(pid) for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()
+    ]
+
+
+def test_a_shard_directory_replaced_under_a_live_mount_is_not_served(public: Path) -> None:
+    """Another directory moved into the mounted path: EIO and a log line, never its audio."""
+    for name, frequency in (("first", 440), ("second", 1000)):
+        (public / f"{name}-audio").mkdir()
+        _tone(public / f"{name}-audio" / "a.flac", frequency)
+        subprocess.run(
+            [*CUTFS, "pack", "-q", str(public / f"{name}-audio"), "-o", str(public / name)],
+            check=True,
+        )
+    shards, mountpoint = public / "shards", public / "mnt"
+    (public / "first").rename(shards)
+    log = public / "log"
+    options = ("--workers", "1", "--direct-io", "--log-file", str(log))
+    with mounted(str(shards), str(mountpoint), *options):
+        served = mountpoint / "recordings" / "a.wav"
+        assert len(_read_range(served, 0, 64000)) == 64000
+        shards.rename(public / "first")
+        (public / "second").rename(shards)
+        for worker in _decoder_pids(mountpoint):
+            os.kill(worker, signal.SIGKILL)  # a restart opens the path again
+        deadline = time.monotonic() + 20
+        while _stats(mountpoint)["workers"]["restarts"] == 0:  # replaced by the pool's watcher
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with pytest.raises(OSError):
+            _read_range(
+                served, 6_400_044, 64000
+            )  # 200 s in, beyond the read-ahead: the second directory's audio before
+    assert "changed since it was mounted" in log.read_text(), log.read_text()
+
+
+def test_an_audio_file_rewritten_after_indexing_is_not_served(public: Path) -> None:
+    source = public / "audio"
+    source.mkdir()
+    _tone(source / "a.flac", 440)
+    mountpoint = public / "mnt"
+    log = public / "log"
+    with mounted(str(source), str(mountpoint), "--direct-io", "--log-file", str(log)):
+        served = mountpoint / "recordings" / "a.wav"
+        assert len(_read_range(served, 0, 64000)) == 64000
+        _tone(public / "other.flac", 1000)
+        shutil.copy(public / "other.flac", source / "a.flac")  # same name, other audio
+        with pytest.raises(OSError):
+            _read_range(served, 6_400_044, 64000)
+    assert "changed since its recording was indexed" in log.read_text()
+
+
+def _read_range(path: Path, offset: int, size: int) -> bytes:
+    with open(path, "rb") as audio:
+        audio.seek(offset)
+        return audio.read(size)
+
+
+def test_transcodes_into_the_index_cache_are_bounded(public: Path, corpus: dict[str, str]) -> None:
+    """A WebM (no seeking in place: transcoded to FLAC) past --index-cache-size fails alone."""
+    source = public / "audio"
+    source.mkdir()
+    webm = source / "long.webm"
+    sine = ["-f", "lavfi", "-i", "sine=f=440:d=120", "-ar", "48000", "-c:a", "libopus"]
+    subprocess.run(["ffmpeg", "-v", "error", *sine, "-b:a", "12k", str(webm)], check=True)
+    shutil.copy(corpus[FLAC], source / "plain.flac")
+    cache, mountpoint = public / "cache", public / "mnt"
+    options = ("--cache-dir", str(cache), "--index-cache-size", "1M")
+    with mounted(str(source), str(mountpoint), *options):
+        with pytest.raises(OSError):
+            os.stat(mountpoint / "cuts" / "long.wav")  # 120 s at 48 kHz: 11.5 MB of PCM
+        assert os.stat(mountpoint / "cuts" / "plain.wav").st_size > 44
+    copies = [path.stat().st_size for path in cache.glob("*/plans/*") if path.suffix != ".arrow"]
+    assert sum(copies) <= 1 << 20, copies
+    with mounted(str(source), str(mountpoint), "--cache-dir", str(cache)):  # default 8G
+        assert os.stat(mountpoint / "cuts" / "long.wav").st_size == 44 + 2 * 120 * 48000

@@ -19,6 +19,7 @@ from cutfs.codec.errors import CutfsError
 from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.packer import pack
 from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
+from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
 from cutfs.vfs.filesystem import CONTROL_DIR, STATS_FILE, Windows
 from cutfs.vfs.mount import ExitCode, MountError, MountOptions, serve
@@ -200,6 +201,16 @@ def _parser() -> argparse.ArgumentParser:
         f"longer than this (default {CommandLimits().timeout_seconds:g}); its output is also "
         f"capped at {CommandLimits().max_output_bytes >> 30} GiB",
     )
+    mount_parser.add_argument(
+        "--index-cache-size",
+        type=_size,
+        default=DEFAULT_CACHE_QUOTA_BYTES,
+        metavar="BYTES",
+        help="the most audio a source served in place may make the index cache hold "
+        "(command output, Parquet rows, recordings transcoded to FLAC), e.g. 20G "
+        f"(default {DEFAULT_CACHE_QUOTA_BYTES >> 30}G); past it those recordings fail "
+        "with EIO and a log line",
+    )
     mount_parser.add_argument("--uid", type=int, help="owner shown for every file")
     mount_parser.add_argument("--gid", type=int, help="group shown for every file")
     mount_parser.add_argument(
@@ -254,7 +265,7 @@ def _parser() -> argparse.ArgumentParser:
         help="mount(8)-style options: ro, allow_other, cache_size=4G, workers=N, "
         "read_timeout=S, uid=N, gid=N, file_mode=0444, dir_mode=0555, log_file=PATH, "
         "cache_dir=DIR, window=S, overlap=S, sample_rate=HZ, mono, float32, debug, user=USER, "
-        "allow_root=DIR, allow_commands, command_timeout=S",
+        "allow_root=DIR, allow_commands, command_timeout=S, index_cache_size=BYTES",
     )
     mount_parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     mount_parser.set_defaults(command="mount", run=_mount)
@@ -407,6 +418,7 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
         "max_background": ("max_background", int),
         "user": ("user", str),
         "command_timeout": ("command_timeout", float),
+        "index_cache_size": ("index_cache_size", _size),
     }
     for group in args.options:
         for option in filter(None, (part.strip() for part in group.split(","))):
@@ -464,6 +476,7 @@ def _mount(args: argparse.Namespace) -> int:
         allowed_roots=tuple(os.path.abspath(root) for root in args.allow_roots),
         allow_commands=args.allow_commands,
         command_limits=CommandLimits(timeout_seconds=args.command_timeout),
+        cache_quota_bytes=args.index_cache_size,
         user=args.user,
     )
     ready_fd: int | None = args.ready_fd

@@ -34,7 +34,7 @@ import trio
 
 from cutfs.codec.command_runner import announce_groups_to, kill_group
 from cutfs.codec.decoder import DecodeTrace
-from cutfs.codec.errors import CutfsError
+from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.library import Library, open_library
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
@@ -89,7 +89,7 @@ class DecodePool:
         self._deadline_seconds = deadline_seconds
         self._statistics = statistics or Statistics()
         self._profile = profile
-        setup = _WorkerSetup(library.directory, profile, policy, user)
+        setup = _WorkerSetup(library.directory, library.identity, profile, policy, user)
         self._workers = [_Worker(setup) for _ in range(workers)]
         self._idle = list(self._workers)
         self._available = trio.Semaphore(len(self._workers)) if workers else None
@@ -280,6 +280,8 @@ class _WorkerSetup:
     """What a worker process needs to open the library (pickled to it)."""
 
     library_dir: str
+    #: The daemon's :attr:`Library.identity`: a worker opening something else refuses.
+    identity: str
     profile: bool
     policy: SourcePolicy | None
     user: ServingUser | None
@@ -380,6 +382,12 @@ def _worker_main(connection: Connection, setup: _WorkerSetup) -> None:
         if setup.user is not None:
             setup.user.become()
         library = open_library(setup.library_dir, setup.policy)  # recordings only: no cuts
+        if library.identity != setup.identity:
+            raise ShardFormatError(
+                "the directory changed since it was mounted (another one put in its place?): "
+                "a worker refuses to serve it; remount to serve the new one",
+                where=setup.library_dir,
+            )
         announce_groups_to(lambda group: connection.send(_CommandStarted(group)))
     except OSError as exc:
         connection.send(CutfsError(f"cannot become the serving user: {exc}"))

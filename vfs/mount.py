@@ -29,7 +29,7 @@ from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
-from cutfs.codec.source_policy import SourcePolicy
+from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES, SourcePolicy
 from cutfs.vfs import kernel_tuning
 from cutfs.vfs.block_cache import DEFAULT_BLOCK_FRAMES, BlockCache
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
@@ -94,6 +94,8 @@ class MountOptions:
     #: Run the shell commands of sources served in place (Kaldi ``cmd |``, Lhotse commands).
     allow_commands: bool = False
     command_limits: CommandLimits = field(default_factory=CommandLimits)
+    #: The most audio copies a source served in place may make the index cache hold.
+    cache_quota_bytes: int = DEFAULT_CACHE_QUOTA_BYTES
     #: Whom a root daemon reads the source as (None: the owner of SOURCE).
     user: str | None = None
 
@@ -184,6 +186,7 @@ def serve(
         options.allowed_roots,
         allow_commands=options.allow_commands,
         command_limits=options.command_limits,
+        cache_quota_bytes=options.cache_quota_bytes,
     )
     cache_dir = cache_root_for(options.cache_dir, user)
     with ExitStack() as stack:
