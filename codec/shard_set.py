@@ -33,7 +33,7 @@ from cutfs.codec.shard_format import (
     int_column,
     read_table,
 )
-from cutfs.codec.storage import LocalStorage, Storage
+from cutfs.codec.storage import LocalStorage, Storage, file_stamp
 
 
 class ShardSet:
@@ -74,7 +74,7 @@ class ShardSet:
         self._readers: dict[int, tuple[memoryview, Any]] = {}
         self._blobs: dict[int, tuple[int, int, int]] = {}
         self._check()
-        self._shard_stamps = [_stamp(os.path.join(directory, n)) for n in self._shard_names]
+        self._shard_stamps = [file_stamp(os.path.join(directory, n)) for n in self._shard_names]
         self.identity = _identity(directory, self._shard_stamps)
 
     def close(self) -> None:
@@ -200,7 +200,7 @@ class ShardSet:
         """
         shard = self._blob_places[recording_index][0]
         name = self._shard_names[shard]
-        if _stamp(os.path.join(self.directory, name)) != self._shard_stamps[shard]:
+        if file_stamp(os.path.join(self.directory, name)) != self._shard_stamps[shard]:
             raise ShardFormatError(
                 "the shard changed since the directory was mounted (rewritten or replaced?): "
                 "remount to serve the new one",
@@ -277,22 +277,13 @@ class ShardSet:
             raise ShardFormatError("cut ids are not unique", where=self.directory)
 
 
-def _stamp(path: str) -> tuple[int, int, int]:
-    """(inode, size, modification time) of a file; all -1 when it cannot be read."""
-    try:
-        status = os.stat(path)
-    except OSError:
-        return (-1, -1, -1)
-    return (status.st_ino, status.st_size, status.st_mtime_ns)
-
-
 def _identity(directory: str, shard_stamps: list[tuple[int, int, int]]) -> str:
     """What the directory held when it was opened: its manifest, tables and shard files."""
     digest = hashlib.sha256()
     with contextlib.suppress(OSError), open(os.path.join(directory, MANIFEST_FILE), "rb") as file:
         digest.update(file.read())
     for name in (RECORDINGS_FILE, CUTS_FILE):
-        digest.update(repr(_stamp(os.path.join(directory, name))).encode())
+        digest.update(repr(file_stamp(os.path.join(directory, name))).encode())
     digest.update(repr(shard_stamps).encode())
     return digest.hexdigest()
 

@@ -66,7 +66,7 @@ from cutfs.codec.shard_writer import recording_row
 from cutfs.codec.source_policy import SourcePolicy
 from cutfs.codec.sources import Refusals, SourceCatalogue, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
-from cutfs.codec.storage import LocalStorage, Storage
+from cutfs.codec.storage import LocalStorage, Storage, file_stamp
 
 INDEX_FILE: Final = "source-index.json"
 INDEX_FORMAT: Final = "cutfs-source-index"
@@ -551,7 +551,7 @@ class SourceIndex:
         except (ShardFormatError, IndexError, KeyError, TypeError, ValueError, OSError):
             return None  # not computed yet, unreadable or not to be trusted: compute it again
         self._blobs[recording_index] = blob
-        self._blob_stamps[recording_index] = _file_stamp(blob[0])
+        self._blob_stamps[recording_index] = file_stamp(blob[0])
         return recording
 
     def _checked_blob(
@@ -606,7 +606,7 @@ class SourceIndex:
         table = pa.Table.from_pylist([row], schema=_PLAN_SCHEMA)
         _write_table(plan_path, table)
         self._blobs[recording_index] = (path, offset, offset + length)
-        self._blob_stamps[recording_index] = _file_stamp(path)
+        self._blob_stamps[recording_index] = file_stamp(path)
         return indexed.recording
 
     def _source_bytes(self, recording_index: int, key: str) -> tuple[str, int, int]:
@@ -695,7 +695,7 @@ class SourceIndex:
         self, recording_index: int, plan: Recording, first: int, end: int, trace: DecodeTrace | None
     ) -> Int16Array:
         path, start, stop = self._blobs[recording_index]
-        if _file_stamp(path) != self._blob_stamps.get(recording_index):
+        if file_stamp(path) != self._blob_stamps.get(recording_index):
             raise SourceError(
                 "the audio file changed since its recording was indexed: remount (or wait "
                 "for the index to be rebuilt) to serve the new audio",
@@ -703,15 +703,6 @@ class SourceIndex:
             )
         blob = self.storage.open_shard(path)[start:stop]
         return decode_frames(blob, plan, first, end, trace)
-
-
-def _file_stamp(path: str) -> tuple[int, int, int]:
-    """(inode, size, modification time) of a file; all -1 when it cannot be read."""
-    try:
-        status = os.stat(path)
-    except OSError:
-        return (-1, -1, -1)
-    return (status.st_ino, status.st_size, status.st_mtime_ns)
 
 
 def _stamp(source: str) -> str:

@@ -102,3 +102,17 @@ def _open_regular_file(path: str) -> int:
         os.close(descriptor)
         raise OSError(errno.EINVAL, "not a regular file", path)
     return descriptor
+
+
+def file_stamp(path: str) -> tuple[int, int, int]:
+    """(inode, size, modification time) of a file, all -1 when it cannot be read.
+
+    Two equal stamps mean, for cutfs's purposes, the same unchanged file: a
+    file replaced by another gets a new inode, one rewritten in place a new
+    modification time.
+    """
+    try:
+        status = os.stat(path)
+    except OSError:
+        return (-1, -1, -1)
+    return (status.st_ino, status.st_size, status.st_mtime_ns)
