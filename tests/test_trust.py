@@ -398,6 +398,10 @@ def test_a_killed_worker_takes_its_command_with_it(public: Path, corpus: dict[st
         while _processes_with("^sleep 317") and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _processes_with("^sleep 317") == []
+        # The replacement (started by a daemon acting as the user) serves, as the user.
+        assert _read_as_other_user(mountpoint, "plain.wav").returncode == 0
+        (replacement,) = _decoder_pids(mountpoint)
+        assert _ids(replacement)[0] == [other_uid()] * 4
 
 
 # -- files of other users -----------------------------------------------------------------------

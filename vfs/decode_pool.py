@@ -39,7 +39,7 @@ from cutfs.codec.library import Library, open_library
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
 from cutfs.codec.source_policy import SourcePolicy
-from cutfs.vfs.serving_user import ServingUser
+from cutfs.vfs.serving_user import ServingUser, as_root
 from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.decode_pool")
@@ -89,6 +89,7 @@ class DecodePool:
         self._deadline_seconds = deadline_seconds
         self._statistics = statistics or Statistics()
         self._profile = profile
+        self._user = user
         setup = _WorkerSetup(library.directory, library.identity, profile, policy, user)
         self._workers = [_Worker(setup) for _ in range(workers)]
         self._idle = list(self._workers)
@@ -259,7 +260,10 @@ class DecodePool:
         log.warning("decoder worker %s %s: replacing it", worker.pid, reason)
         self._restarts += 1
         worker.stop()
-        worker.start()
+        # A daemon serving as its user starts workers as root, as at mount: the
+        # interpreter may not be readable by the user, and the worker drops by itself.
+        with as_root(self._user if os.geteuid() != 0 else None):
+            worker.start()
 
     def _recording_id(self, request: _Request) -> str:
         return self._library.recording_ids[request[1]]
