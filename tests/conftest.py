@@ -19,8 +19,8 @@ from corpus import ENCODINGS, ffmpeg_decode, make_corpus, wav_header
 
 from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.packer import pack
+from cutfs.codec.path_escape import escape_id
 from cutfs.codec.shard_set import ShardSet
-from cutfs.vfs.path_escape import escape_id
 
 CORPUS_SECONDS = 30.0
 

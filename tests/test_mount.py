@@ -35,8 +35,8 @@ from conftest import (
 )
 from corpus import wav_header
 
+from cutfs.codec.path_escape import unescape_path
 from cutfs.vfs import kernel_tuning
-from cutfs.vfs.path_escape import unescape_path
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.path_escape import escape_id, unescape_path
 from cutfs.codec.pcm import packed_to_s16
 from cutfs.codec.resampler import Resampler
 from cutfs.codec.riff import parse_riff_wave
 from cutfs.codec.seek_index import SeekIndex
 from cutfs.codec.wav_layout import HEADER_BYTES, WavLayout
 from cutfs.vfs.inode_table import CUT_INODE_BASE, InodeTable
-from cutfs.vfs.path_escape import escape_id, unescape_path
 
 
 def test_header_bytes_field_by_field() -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
-from cutfs.vfs.path_escape import escape_id
+from cutfs.codec.path_escape import escape_id
 
 ROOT_INODE: Final = 1
 CUT_INODE_BASE: Final = 1 << 40
@@ -121,7 +121,7 @@ class InodeTable:
 
         Returns the relative path (from ``parent``) of every file.  Ids whose
         path clashes with an earlier one's are escaped (see
-        :mod:`cutfs.vfs.path_escape`).
+        :mod:`cutfs.codec.path_escape`).
         """
         paths: dict[int, str] = {}
         for number, identifier in enumerate(ids):

@@ -1,0 +1,116 @@
+"""The mapped file tree (the catalogue's directory tree), without FUSE."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import ODD_IDS
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cutfs.codec.errors import ShardFormatError
+from cutfs.codec.file_tree import ROOT, FileTree, served_paths, write_file_tree
+from cutfs.codec.path_escape import escape_id, unescape_path
+from cutfs.vfs.inode_table import CUT_INODE_BASE, InodeTable
+
+
+def _tree(tmp_path: Path, ids: list[str]) -> tuple[FileTree, list[str]]:
+    paths = served_paths(ids).to_pylist()
+    write_file_tree(str(tmp_path / "cuts"), paths)
+    return FileTree(str(tmp_path / "cuts")), paths
+
+
+def _resolve(tree: FileTree, path: str) -> int | None:
+    """The item at ``path``, walking one lookup per component as the kernel does."""
+    directory = ROOT
+    *components, name = path.split("/")
+    for component in components:
+        entry = tree.lookup(directory, component.encode("utf-8", "surrogateescape"))
+        if entry is None or not entry.is_directory:
+            return None
+        directory = entry.child
+    entry = tree.lookup(directory, name.encode("utf-8", "surrogateescape"))
+    return None if entry is None or entry.is_directory else entry.item
+
+
+def test_clashes_are_resolved_in_favour_of_the_first_claim() -> None:
+    ids = ["a", "a.wav/b", "c/d", "c", "x/y.wav", "x/y.wav/z", "p.wav/q", "p"]
+    paths = served_paths(ids).to_pylist()
+    assert paths == [
+        "a.wav",
+        escape_id("a.wav/b", force=True),  # needs a directory where a file is
+        "c/d.wav",
+        "c.wav",  # c.wav is not the directory c: no clash
+        "x/y.wav.wav",
+        "x/y.wav/z.wav",
+        "p.wav/q.wav",
+        escape_id("p", force=True),  # a file where a directory is
+    ]
+    assert [unescape_path(path) for path in paths] == ids
+
+
+def test_paths_agree_with_the_inode_table(tmp_path: Path) -> None:
+    ids = [*ODD_IDS, "a", "a.wav/b", "spk1/sess2", "spk1/sess2/utt3x", "spk1/sess2.wav/u"]
+    table = InodeTable()
+    expected = table.add_files(table.root, ids, CUT_INODE_BASE)
+    assert served_paths(ids).to_pylist() == [expected[number] for number in range(len(ids))]
+
+
+def test_every_item_is_found_at_its_path_and_nothing_else(tmp_path: Path) -> None:
+    ids = [f"spk{n % 7}/sess{n % 3}/utt-{n:05d}" for n in range(2000)] + list(ODD_IDS)
+    tree, paths = _tree(tmp_path, ids)
+    assert tree.item_count == len(ids)
+    for item, path in enumerate(paths):
+        assert _resolve(tree, path) == item
+        assert tree.path(item) == path
+    assert _resolve(tree, "spk1/sess1/utt-99999.wav") is None
+    assert tree.lookup(ROOT, b"nope") is None
+    assert tree.lookup(ROOT, b"") is None
+
+
+def test_listings_are_sorted_rows_with_stable_offsets(tmp_path: Path) -> None:
+    ids = [f"spk{n % 7}/utt-{n:05d}" for n in range(2000)] + ["zz", "aa", "spk3.wav/x"]
+    tree, _ = _tree(tmp_path, ids)
+    root = tree.entries(ROOT)
+    names = [entry.name for entry in root]
+    assert names == sorted(names)
+    assert set(names) == {f"spk{n}".encode() for n in range(7)} | {
+        b"aa.wav",
+        b"zz.wav",
+        b"spk3.wav",
+    }
+    assert tree.subdirectories(ROOT) == 8
+    spk3 = tree.lookup(ROOT, b"spk3")
+    assert spk3 is not None and spk3.is_directory
+    listing = tree.entries(spk3.child)
+    assert len(listing) == len([n for n in range(2000) if n % 7 == 3])
+    assert [entry.name for entry in listing[5:8]] == [listing[k].name for k in (5, 6, 7)]
+    assert tree.parent(spk3.child) == ROOT
+    assert tree.parent(ROOT) == ROOT
+    with pytest.raises(IndexError):
+        listing[len(listing)]
+
+
+def test_a_damaged_tree_is_refused(tmp_path: Path) -> None:
+    _tree(tmp_path, ["a", "b/c"])
+    (tmp_path / "cuts.directories.arrow").write_bytes(b"not arrow")
+    with pytest.raises(ShardFormatError):
+        FileTree(str(tmp_path / "cuts"))
+
+
+_ID_CHARACTERS = st.sampled_from([*"ab./%- \u00e9", "\x00"])
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.text(_ID_CHARACTERS, max_size=8), max_size=40, unique=True))
+def test_any_ids_give_unique_reversible_paths_that_resolve(tmp_path: Path, ids: list[str]) -> None:
+    paths = served_paths(ids).to_pylist()
+    assert len(set(paths)) == len(ids)
+    assert [unescape_path(path) for path in paths] == ids
+    write_file_tree(str(tmp_path / "t"), paths)
+    tree = FileTree(str(tmp_path / "t"))
+    for item, path in enumerate(paths):
+        assert _resolve(tree, path) == item
