@@ -27,6 +27,7 @@ name keeps it and later ones are escaped whole (``escape_id(force=True)``).
 
 from __future__ import annotations
 
+import mmap
 import os
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
@@ -368,8 +369,14 @@ def _int_view(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
 
 
 def _read_mapped(path: str, schema: pa.Schema) -> pa.Table:
+    """A table over a read-only map of ``path``, advised random access: a lookup faults in
+    the pages it reads, not the kernel's read-ahead around each (128 KiB or more)."""
     try:
-        table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
+        with open(path, "rb") as file:
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        if hasattr(mmap, "MADV_RANDOM"):
+            mapped.madvise(mmap.MADV_RANDOM)
+        table = pa.ipc.open_file(pa.py_buffer(mapped)).read_all()
     except (OSError, pa.ArrowException) as exc:
         raise ShardFormatError(f"cannot read the file tree: {exc}", where=path) from exc
     if not table.schema.equals(schema):
