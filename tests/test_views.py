@@ -76,6 +76,40 @@ def test_audiofolder_metadata_lists_every_cut(mount: str, references: dict[str, 
         assert row["text"] == "hello world" and row["speaker"] == "spk1"
 
 
+def test_nemo_manifest_lists_the_cut_files(mount: str, references: dict[str, Reference]) -> None:
+    """NeMo's manifest format: one JSON object per line with ``audio_filepath``, ``duration``
+    (seconds), ``offset`` and ``text`` (NeMo's ``ASRAudioText`` reads exactly these keys)."""
+    cuts = {cut_path(mount, str(cut["id"])): cut for cut in cut_plan(references)}
+    rows = [json.loads(line) for line in read(f"{mount}/nemo.jsonl").splitlines()]
+    assert len(rows) == len(cuts)
+    for row in rows:
+        assert set(row) == {"audio_filepath", "duration", "offset", "text"}
+        samples, rate = expected_cut(cuts[row["audio_filepath"]], references)
+        assert round(row["duration"] * rate) == len(samples) and row["offset"] == 0.0
+        assert row["text"] == "hello world"
+        assert os.stat(row["audio_filepath"]).st_size == 44 + 2 * len(samples)
+
+
+def test_pyannote_reads_the_uem_and_rttm(mount: str, references: dict[str, Reference]) -> None:
+    """pyannote.database's own loaders: whole recordings, and one speaker turn per cut placed
+    where the cut lies in its recording."""
+    from pyannote.database.util import load_rttm, load_uem  # noqa: PLC0415 - compat extra
+
+    uem = load_uem(f"{mount}/recordings.uem")
+    for name, reference in references.items():
+        uri = name.rsplit(".", 1)[0]
+        (segment,) = list(uem[uri])
+        assert segment.start == 0 and round(segment.end * reference.rate) == len(reference.samples)
+    annotations = load_rttm(f"{mount}/supervisions.rttm")
+    cuts = [cut for cut in cut_plan(references) if cut["recording"] == "mp3_cbr_mono_16k"]
+    turns = sorted(
+        (round(segment.start, 3), round(segment.duration, 3))
+        for segment, _, speaker in annotations["mp3_cbr_mono_16k"].itertracks(yield_label=True)
+        if speaker == "spk1"
+    )
+    assert turns == sorted((round(c["start"], 3), round(c["duration"], 3)) for c in cuts)
+
+
 def test_any_time_range_resolves_on_lookup(mount: str, references: dict[str, Reference]) -> None:
     flac = references["flac_mono_16k.flac"]
     path = os.path.join(mount, "recordings", "flac_mono_16k", "1.25-3.5.wav")

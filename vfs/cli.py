@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
 import logging.handlers
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from cutfs import __version__
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.output_format import OutputFormat
@@ -21,7 +23,8 @@ from cutfs.codec.packer import pack
 from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
-from cutfs.vfs.filesystem import CONTROL_DIR, STATS_FILE, Windows
+from cutfs.vfs.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
+from cutfs.vfs.manpage import render_manpage
 from cutfs.vfs.mount import ExitCode, MountError, MountOptions, serve
 from cutfs.vfs.operations import Ownership
 
@@ -30,7 +33,14 @@ log = logging.getLogger("cutfs")
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-_COMMANDS = ("pack", "mount", "umount", "stats")
+_COMMANDS = ("pack", "mount", "umount", "stats", "completion", "manpage")
+#: What pack and mount read, for their help.
+_SOURCE_FORMATS = (
+    "Lhotse manifests (recordings plus supervisions or cuts, .jsonl or .jsonl.gz, or a "
+    "directory of them), a Lhotse Shar directory, a Kaldi data directory (wav.scp, segments, "
+    "text, utt2spk), a HuggingFace dataset (save_to_disk Arrow files or Parquet shards), "
+    "WebDataset tars, Arrow episode shards with a segment list, or a directory of audio files"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,17 +68,25 @@ def _parser() -> argparse.ArgumentParser:
         prog="cutfs",
         description="Serve cuts of long compressed recordings as exact WAV files over FUSE.",
     )
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the versions of cutfs and of the libraries it reads and serves with",
+    )
     parser.set_defaults(command=None)
     commands = parser.add_subparsers(title="commands")
 
     pack_parser = commands.add_parser(
         "pack",
         help="pack recordings and cuts into shards",
-        description="Read Lhotse manifests, a Kaldi data directory or a directory of audio "
-        "files, and write a shard directory.",
+        description=f"Read {_SOURCE_FORMATS}, and write a shard directory.",
     )
     pack_parser.add_argument(
-        "sources", nargs="+", metavar="SOURCE", help="a directory, or Lhotse manifest files"
+        "sources",
+        nargs="+",
+        metavar="SOURCE",
+        help="what to pack: a directory (any of the formats above), a WebDataset .tar, or "
+        "Lhotse manifest files",
     )
     pack_parser.add_argument(
         "-o",
@@ -104,8 +122,14 @@ def _parser() -> argparse.ArgumentParser:
         "directory of audio files. Also runs as 'cutfs SOURCE MOUNTPOINT -o OPTIONS', the "
         "form mount(8) uses for fstab entries of type fuse.cutfs.",
     )
-    mount_parser.add_argument("shard_dir", metavar="SOURCE")
-    mount_parser.add_argument("mountpoint", metavar="MOUNTPOINT")
+    mount_parser.add_argument(
+        "shard_dir",
+        metavar="SOURCE",
+        help="a shard directory from 'cutfs pack', or a source to serve in place",
+    )
+    mount_parser.add_argument(
+        "mountpoint", metavar="MOUNTPOINT", help="an existing, empty directory to mount on"
+    )
     mount_parser.add_argument(
         "-f", "--foreground", action="store_true", help="stay in the foreground, logging to stderr"
     )
@@ -270,16 +294,7 @@ def _parser() -> argparse.ArgumentParser:
     mount_parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     mount_parser.set_defaults(command="mount", run=_mount)
 
-    stats_parser = commands.add_parser(
-        "stats", help="show a mount's counters", description="Print .cutfs/stats of a mount."
-    )
-    stats_parser.add_argument("mountpoint", metavar="MOUNTPOINT")
-    stats_parser.add_argument("--json", action="store_true", help="print the raw JSON")
-    stats_parser.set_defaults(command="stats", run=_stats)
-
-    umount_parser = commands.add_parser("umount", help="unmount (fusermount3 -u)")
-    umount_parser.add_argument("mountpoint", metavar="MOUNTPOINT")
-    umount_parser.set_defaults(command="umount", run=_umount)
+    _add_tool_parsers(commands)
     return parser
 
 
@@ -594,7 +609,107 @@ class _JournalFormatter(logging.Formatter):
         return "\n".join(f"<{priority}>{line}" for line in super().format(record).splitlines())
 
 
+def _add_tool_parsers(commands: Any) -> None:
+    """stats, umount, completion and manpage."""
+    stats_parser = commands.add_parser(
+        "stats", help="show a mount's counters", description="Print .cutfs/stats of a mount."
+    )
+    stats_parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="a cutfs mount")
+    stats_parser.add_argument("--json", action="store_true", help="print the raw JSON")
+    stats_parser.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="print Prometheus' text exposition format (.cutfs/metrics), for example into "
+        "node_exporter's textfile collector",
+    )
+    stats_parser.set_defaults(command="stats", run=_stats)
+
+    umount_parser = commands.add_parser("umount", help="unmount (fusermount3 -u)")
+    umount_parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="a cutfs mount")
+    umount_parser.set_defaults(command="umount", run=_umount)
+
+    completion_parser = commands.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script for the shell, for example: "
+        "cutfs completion bash > /etc/bash_completion.d/cutfs",
+    )
+    completion_parser.add_argument(
+        "shell", choices=("bash", "zsh", "tcsh"), help="the shell to complete in"
+    )
+    completion_parser.set_defaults(command="completion", run=_completion)
+
+    manpage_parser = commands.add_parser(
+        "manpage",
+        help="print the manual page (roff)",
+        description="Print cutfs(1), generated from this command line, for example: "
+        "cutfs manpage > /usr/local/share/man/man1/cutfs.1",
+    )
+    manpage_parser.set_defaults(command="manpage", run=_manpage)
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: what ``version_text`` prints, then exit."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(version_text())
+        parser.exit()
+
+
+def version_text() -> str:
+    """cutfs's version and those of the libraries that decide what it reads and serves."""
+    import av  # noqa: PLC0415 - only for --version
+    import pyarrow  # noqa: PLC0415
+    import pyfuse3  # noqa: PLC0415
+    import soundfile  # noqa: PLC0415
+
+    ffmpeg = getattr(av, "ffmpeg_version_info", "unknown")
+    return "\n".join(
+        [
+            f"cutfs {__version__}",
+            f"Python {sys.version.split()[0]}",
+            f"pyarrow {pyarrow.__version__}",
+            f"PyAV {av.__version__} (FFmpeg {ffmpeg})",
+            f"soundfile {soundfile.__version__} (libsndfile {soundfile.__libsndfile_version__})",
+            f"pyfuse3 {pyfuse3.__version__} (libfuse {_libfuse_version()})",
+        ]
+    )
+
+
+def _libfuse_version() -> str:
+    try:
+        library = ctypes.CDLL("libfuse3.so.3")
+        library.fuse_pkgversion.restype = ctypes.c_char_p
+        return str(library.fuse_pkgversion().decode())
+    except (OSError, AttributeError):
+        return "unknown"
+
+
+def _completion(args: argparse.Namespace) -> int:
+    import shtab  # noqa: PLC0415 - only for completion
+
+    print(shtab.complete(_parser(), shell=args.shell))
+    return ExitCode.OK
+
+
+def _manpage(args: argparse.Namespace) -> int:
+    print(render_manpage(_parser()), end="")
+    return ExitCode.OK
+
+
 def _stats(args: argparse.Namespace) -> int:
+    if args.prometheus:
+        metrics = os.path.join(args.mountpoint, CONTROL_DIR, METRICS_FILE)
+        try:
+            with open(metrics, encoding="utf-8") as metrics_file:
+                print(metrics_file.read(), end="")
+        except OSError as exc:
+            print(f"cutfs stats: cannot read {metrics}: {exc.strerror}", file=sys.stderr)
+            return ExitCode.ERROR
+        return ExitCode.OK
     path = os.path.join(args.mountpoint, CONTROL_DIR, STATS_FILE)
     try:
         with open(path, encoding="utf-8") as stats_file:

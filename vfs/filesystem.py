@@ -12,6 +12,7 @@ Layout of a mount::
     wav.scp, segments, text, utt2spk, spk2utt, cuts.jsonl.gz
                                    manifests of the cut files (see cutfs.vfs.manifest_files)
     .cutfs/stats                   the daemon's counters, as JSON (when enabled)
+    .cutfs/metrics                 the same in Prometheus' text exposition format
 
 Every file is immutable for the life of the mount.  Errors the kernel should
 see are raised as :class:`FsError` with an errno value; failures to produce
@@ -62,6 +63,7 @@ from cutfs.vfs.span_table import SpanTable
 
 CONTROL_DIR: Final = ".cutfs"
 STATS_FILE: Final = "stats"
+METRICS_FILE: Final = "metrics"
 CUTS_DIR: Final = "cuts"
 RECORDINGS_DIR: Final = "recordings"
 WINDOWS_DIR: Final = "windows"
@@ -193,7 +195,10 @@ class Filesystem:
         status: Callable[[], bytes] | None = None,
         windows: Windows | None = None,
         output_format: OutputFormat | None = None,
+        metrics: Callable[[], bytes] | None = None,
     ) -> None:
+        """``status`` renders ``.cutfs/stats`` (JSON) and ``metrics`` ``.cutfs/metrics``
+        (Prometheus' text format); without ``status`` there is no ``.cutfs``."""
         self._library = library
         self._format = output_format or OutputFormat()
         self._frames = frame_source
@@ -215,6 +220,8 @@ class Filesystem:
         if status is not None:
             control = table.add_directory(table.root, CONTROL_DIR)
             self._volatile[table.add_text(control, STATS_FILE)] = status
+            if metrics is not None:
+                self._volatile[table.add_text(control, METRICS_FILE)] = metrics
         self._texts: dict[int, bytes] = {}
         self._listings: dict[int, list[tuple[bytes, int]]] = {}
         # Spans (time ranges, windows): hidden range directories per recording, made on

@@ -9,6 +9,13 @@
   declared sample counts are the files' exact lengths.
 * ``cuts/metadata.jsonl``: HuggingFace ``audiofolder`` metadata (``file_name``
   relative to ``cuts/``, plus text, speaker and the other supervision fields).
+* ``nemo.jsonl``: a NeMo manifest of the cut files (``audio_filepath``,
+  ``duration``, ``offset`` 0, and ``text`` where the cut has one).
+* ``recordings.uem`` and ``supervisions.rttm``: for pyannote, the whole
+  recordings (``<uri> 1 0.000 <end>``) and the speaker turns of the
+  supervisions in recording time (``SPEAKER <uri> 1 <start> <duration> <NA>
+  <NA> <speaker> <NA> <NA>``, only where cuts carry speakers); a uri is the
+  recording's id, whitespace percent-encoded as in the Kaldi files.
 
 Files that need every cut's length (``segments``, ``cuts.jsonl.gz``) are
 rendered once all recordings are indexed; the others need only the catalogue.
@@ -36,8 +43,11 @@ UTT2SPK: Final = "utt2spk"
 SPK2UTT: Final = "spk2utt"
 LHOTSE_CUTS: Final = "cuts.jsonl.gz"
 AUDIOFOLDER_METADATA: Final = "metadata.jsonl"
+NEMO: Final = "nemo.jsonl"
+UEM: Final = "recordings.uem"
+RTTM: Final = "supervisions.rttm"
 #: Root files whose content needs the exact length of every cut.
-NEEDS_LENGTHS: Final = frozenset({SEGMENTS, LHOTSE_CUTS})
+NEEDS_LENGTHS: Final = frozenset({SEGMENTS, LHOTSE_CUTS, NEMO, UEM, RTTM})
 _SUPERVISION_FIELDS: Final = ("text", "speaker", "language", "gender")
 
 
@@ -62,11 +72,11 @@ class ManifestFiles:
 
     def root_names(self) -> list[str]:
         """The root manifests this mount has, in listing order."""
-        names = [WAV_SCP, SEGMENTS, LHOTSE_CUTS]
+        names = [WAV_SCP, SEGMENTS, LHOTSE_CUTS, NEMO, UEM]
         if self._has_text:
             names.append(TEXT)
         if self._has_speaker:
-            names += [UTT2SPK, SPK2UTT]
+            names += [UTT2SPK, SPK2UTT, RTTM]
         return names
 
     def render(self, name: str) -> bytes:
@@ -79,6 +89,9 @@ class ManifestFiles:
             SPK2UTT: self._spk2utt,
             LHOTSE_CUTS: self._lhotse_cuts,
             AUDIOFOLDER_METADATA: self._audiofolder,
+            NEMO: self._nemo,
+            UEM: self._uem,
+            RTTM: self._rttm,
         }
         return renderers[name]()
 
@@ -166,6 +179,58 @@ class ManifestFiles:
             row.update({k: metadata.get(k) for k in _SUPERVISION_FIELDS if k in metadata})
             lines.append(json.dumps(row, ensure_ascii=False))
         return _lines(lines)
+
+    # -- NeMo and pyannote -----------------------------------------------------------------
+
+    def _nemo(self) -> bytes:
+        lines = []
+        for index in range(self._library.num_cuts):
+            found = self._cut_frames(index)
+            if found is None:
+                continue
+            frames, rate, _ = found
+            row: dict[str, Any] = {
+                "audio_filepath": self._cut_file(index),
+                "duration": round(frames / rate, 6),
+                "offset": 0.0,
+            }
+            text = self._library.cut_metadata(index).get("text")
+            if isinstance(text, str):
+                row["text"] = text
+            lines.append(json.dumps(row, ensure_ascii=False))
+        return _lines(lines)
+
+    def _uem(self) -> bytes:
+        lines = []
+        for number, recording_id in enumerate(self._library.recording_ids):
+            shape = self._library.shape(number)
+            if shape is not None:
+                end = shape.num_frames / shape.sample_rate
+                lines.append(f"{kaldi_key(recording_id)} 1 0.000 {end:.6f}")
+        return _lines(sorted(lines))
+
+    def _rttm(self) -> bytes:
+        turns: list[tuple[str, float, float, str]] = []
+        for index in range(self._library.num_cuts):
+            found = self._cut_frames(index)
+            cut = self._library.cut(index)
+            if found is None or cut is None:
+                continue
+            shape = self._library.shape(cut.recording_index)
+            assert shape is not None, "rendering lengths before the recordings are indexed"
+            cut_start = cut.start_frame / shape.sample_rate
+            uri = kaldi_key(self._library.recording_ids[cut.recording_index])
+            metadata = self._library.cut_metadata(index)
+            for supervision in _supervisions(cut.cut_id, metadata, found[0] / found[1]):
+                speaker = supervision.get("speaker")
+                if isinstance(speaker, str) and speaker:
+                    start = cut_start + supervision["start"]
+                    turns.append((uri, start, supervision["duration"], kaldi_key(speaker)))
+        turns.sort()
+        return _lines(
+            f"SPEAKER {uri} 1 {start:.3f} {duration:.3f} <NA> <NA> {speaker} <NA> <NA>"
+            for uri, start, duration, speaker in turns
+        )
 
     # -- helpers ----------------------------------------------------------------------------
 

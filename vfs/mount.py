@@ -36,6 +36,7 @@ from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
 from cutfs.vfs.filesystem import Filesystem, Windows
 from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.operations import Operations, Ownership
+from cutfs.vfs.prometheus import render_metrics
 from cutfs.vfs.serving_user import (
     ServingUser,
     ServingUserError,
@@ -218,9 +219,24 @@ def serve(
             )
             return (json.dumps(snapshot, indent=2) + "\n").encode()
 
+        def metrics() -> bytes:
+            sections = {
+                "cache": asdict(cache.statistics()),
+                "workers": asdict(pool.statistics()),
+                "shards": library.describe(),
+                "views": {"time_ranges": filesystem.time_ranges},
+            }
+            return render_metrics(statistics, sections).encode()
+
         frames = FrameSource(library, cache, pool, statistics if options.profile else None)
         filesystem = Filesystem(
-            library, frames, mountpoint, status, options.windows, options.output_format
+            library,
+            frames,
+            mountpoint,
+            status,
+            options.windows,
+            options.output_format,
+            metrics,
         )
         operations = Operations(filesystem, options.ownership, statistics, options.direct_io)
         try:

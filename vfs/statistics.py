@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any, Final
 
 _BUCKETS_PER_OCTAVE: Final = 4
@@ -44,6 +45,17 @@ class Histogram:
                 edge = _SMALLEST_SECONDS * 2 ** ((bucket + 1) / _BUCKETS_PER_OCTAVE)
                 return min(edge, self.max_seconds)
         return self.max_seconds
+
+    def cumulative(self, edges_seconds: Iterable[float]) -> list[int]:
+        """For each edge, the observations in buckets whose upper end is at or below it."""
+        upper_ends = sorted(
+            (_SMALLEST_SECONDS * 2 ** ((bucket + 1) / _BUCKETS_PER_OCTAVE), count)
+            for bucket, count in self._buckets.items()
+        )
+        counts = []
+        for edge in edges_seconds:
+            counts.append(sum(count for end, count in upper_ends if end <= edge))
+        return counts
 
     def summary(self) -> dict[str, float]:
         mean = self.total_seconds / self.count if self.count else 0.0

@@ -1,0 +1,109 @@
+"""The command line's conventions: --version, help for every argument, completion, man page,
+and the Prometheus form of a mount's statistics."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+from pathlib import Path
+
+import av
+import pyarrow
+import pyfuse3
+import pytest
+from conftest import CUTFS, mounted, needs_fuse
+from prometheus_client.parser import text_string_to_metric_families
+
+from cutfs.vfs.cli import _parser
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+def _run(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CUTFS, *arguments], capture_output=True, text=True, check=False)
+
+
+def test_version_names_the_libraries_that_decide_what_is_served() -> None:
+    result = _run("--version")
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("cutfs ")
+    assert f"pyarrow {pyarrow.__version__}" in lines
+    assert any(line.startswith(f"PyAV {av.__version__} (FFmpeg ") for line in lines)
+    assert any(line.startswith(f"pyfuse3 {pyfuse3.__version__} (libfuse 3.") for line in lines)
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Action]]:
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():
+                found += [(f"{name} {n}", a) for n, a in _all_actions(subparser)]
+        else:
+            found.append((action.dest, action))
+    return found
+
+
+def test_every_argument_has_help() -> None:
+    missing = [name for name, action in _all_actions(_parser()) if not action.help]
+    assert missing == []
+
+
+def test_pack_help_names_every_source_format() -> None:
+    text = _run("pack", "--help").stdout.replace("\n", " ")
+    for source_format in ("Lhotse", "Shar", "Kaldi", "HuggingFace", "Parquet", "WebDataset"):
+        assert source_format in text
+    assert "directory of audio files" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_scripts_parse_and_know_the_options(shell: str) -> None:
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
+    result = _run("completion", shell)
+    assert result.returncode == 0
+    assert "--allow-commands" in result.stdout and "--index-cache-size" in result.stdout
+    syntax = subprocess.run(
+        [shell, "-n"], input=result.stdout, capture_output=True, text=True, check=False
+    )
+    assert syntax.returncode == 0, syntax.stderr
+
+
+def test_the_committed_man_page_is_generated_from_the_parser() -> None:
+    generated = _run("manpage").stdout
+    assert generated == (REPOSITORY / "docs" / "cutfs.1").read_text(), "run: cutfs manpage"
+    for option in ("--allow-root", "--read-timeout", "--prometheus", "--version"):
+        assert option.replace("-", "\\-") in generated
+    if shutil.which("man") is not None:
+        rendered = subprocess.run(
+            ["man", "-l", "-"], input=generated, capture_output=True, text=True, check=False
+        )
+        assert rendered.returncode == 0 and rendered.stderr == ""
+        assert "--allow-commands" in rendered.stdout
+
+
+@needs_fuse
+@pytest.mark.mount
+def test_metrics_parse_as_prometheus_text(shard_dir: str, tmp_path: Path) -> None:
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "1") as mountpoint:
+        with open(Path(mountpoint) / "cuts" / "flac_mono_16k" / "start.wav", "rb") as cut:
+            assert len(cut.read()) > 44
+        text = (Path(mountpoint) / ".cutfs" / "metrics").read_text()
+        printed = _run("stats", "--prometheus", mountpoint)
+    assert printed.returncode == 0
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    printed_families = {family.name for family in text_string_to_metric_families(printed.stdout)}
+    assert printed_families == set(families)
+    requests = {s.labels["kind"]: s.value for s in families["cutfs_requests"].samples}
+    assert requests["read"] >= 1 and requests["lookup"] >= 1
+    assert families["cutfs_requests"].type == "counter"
+    latency = families["cutfs_latency_seconds"]
+    assert latency.type == "histogram"
+    reads = [s for s in latency.samples if s.labels.get("phase") == "read"]
+    buckets = [s.value for s in reads if s.name.endswith("_bucket")]
+    assert buckets == sorted(buckets)  # cumulative
+    count = next(s.value for s in reads if s.name.endswith("_count"))
+    assert buckets[-1] == count >= 1
+    assert families["cutfs_workers_alive"].samples[0].value == 1
+    assert families["cutfs_cache_capacity_bytes"].type == "gauge"

@@ -1,0 +1,152 @@
+"""The statistics of a mount in Prometheus' text exposition format (``.cutfs/metrics``).
+
+Node fleets are watched with Prometheus: node_exporter's textfile collector
+reads ``*.prom`` files, so a timer can copy ``MOUNTPOINT/.cutfs/metrics`` (or
+``cutfs stats --prometheus MOUNTPOINT``) into its directory.  Names follow
+Prometheus' conventions: ``cutfs_`` prefix, ``_total`` for counters, base
+units (seconds, bytes), labels for kinds.
+
+Latencies are histograms with fixed ``le`` edges.  The mount keeps them in
+quarter-octave buckets (:class:`cutfs.vfs.statistics.Histogram`); a bucket is
+counted under the first edge at or above its upper end, so an observation up
+to 19% below an edge may be counted under the next edge instead.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from cutfs.vfs.statistics import Histogram, Statistics
+
+#: ``le`` edges of the latency histograms, in seconds.
+LATENCY_EDGES_SECONDS: Final = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+_LABEL_UNSAFE: Final = re.compile(r'[\\"\n]')
+
+
+def render_metrics(statistics: Statistics, sections: Mapping[str, Mapping[str, Any]]) -> str:
+    """The exposition text: counters, errors, requests and latencies from ``statistics``;
+    gauges from ``sections`` (``cache``, ``workers``, ``shards``, ``views``: name -> number)."""
+    lines: list[str] = []
+    lines += _family(
+        "cutfs_uptime_seconds",
+        "gauge",
+        "Seconds since the mount started.",
+        [({}, _uptime(statistics))],
+    )
+    requests = {
+        k.removeprefix("requests."): v
+        for k, v in statistics.counters.items()
+        if k.startswith("requests.")
+    }
+    others = {k: v for k, v in statistics.counters.items() if not k.startswith("requests.")}
+    lines += _family(
+        "cutfs_requests_total",
+        "counter",
+        "FUSE requests answered, by kind.",
+        [({"kind": kind}, count) for kind, count in sorted(requests.items())],
+    )
+    lines += _family(
+        "cutfs_errors_total",
+        "counter",
+        "Requests that failed, by kind of failure.",
+        [({"kind": kind}, count) for kind, count in sorted(statistics.errors.items())],
+    )
+    for name, value in sorted(others.items()):
+        metric = "cutfs_" + _metric_name(name) + "_total"
+        lines += _family(
+            metric, "counter", f"The mount's {name.replace('_', ' ')} counter.", [({}, value)]
+        )
+    lines += _histograms(statistics.latencies)
+    for section, values in sorted(sections.items()):
+        for name, value in sorted(values.items()):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            metric = f"cutfs_{_metric_name(section)}_{_metric_name(name)}"
+            kind = "counter" if name in _COUNTER_FIELDS else "gauge"
+            if kind == "counter":
+                metric += "_total"
+            lines += _family(metric, kind, f"{section}: {name.replace('_', ' ')}.", [({}, value)])
+    return "\n".join(lines) + "\n"
+
+
+#: Fields of the sections that only ever grow.
+_COUNTER_FIELDS: Final = frozenset({"hits", "misses", "restarts"})
+
+
+def _histograms(latencies: Mapping[str, Histogram]) -> list[str]:
+    lines = [
+        "# HELP cutfs_latency_seconds Time spent per phase of the read path.",
+        "# TYPE cutfs_latency_seconds histogram",
+    ]
+    for phase, histogram in sorted(latencies.items()):
+        labels = {"phase": phase}
+        for edge, count in zip(
+            LATENCY_EDGES_SECONDS, histogram.cumulative(LATENCY_EDGES_SECONDS), strict=True
+        ):
+            lines.append(
+                _sample("cutfs_latency_seconds_bucket", {**labels, "le": _number(edge)}, count)
+            )
+        lines.append(
+            _sample("cutfs_latency_seconds_bucket", {**labels, "le": "+Inf"}, histogram.count)
+        )
+        lines.append(_sample("cutfs_latency_seconds_sum", labels, histogram.total_seconds))
+        lines.append(_sample("cutfs_latency_seconds_count", labels, histogram.count))
+    return lines
+
+
+def _family(
+    name: str, kind: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]
+) -> list[str]:
+    rows = [_sample(name, labels, value) for labels, value in samples]
+    if not rows:
+        return []
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *rows]
+
+
+def _sample(name: str, labels: Mapping[str, str], value: float) -> str:
+    if labels:
+        rendered = ",".join(f'{key}="{_escape(str(val))}"' for key, val in labels.items())
+        return f"{name}{{{rendered}}} {_number(value)}"
+    return f"{name} {_number(value)}"
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def _escape(text: str) -> str:
+    return _LABEL_UNSAFE.sub(lambda match: {"\\": "\\\\", '"': '\\"', "\n": "\\n"}[match[0]], text)
+
+
+def _metric_name(text: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", text)
+
+
+def _uptime(statistics: Statistics) -> float:
+    return round(time.time() - statistics.started, 3)
