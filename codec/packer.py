@@ -32,7 +32,18 @@ from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES, ShardWriter
 from cutfs.codec.sources import SourceCatalogue, SourceCut, SourceRecording, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 
-ProgressCallback = Callable[[int, int, int], None]  # (recordings done, total, bytes stored)
+
+@dataclass(frozen=True, slots=True)
+class PackProgress:
+    """How far a pack is: recordings done of all, bytes stored, seconds of audio indexed."""
+
+    recordings_done: int
+    recordings: int
+    stored_bytes: int
+    audio_seconds: float
+
+
+ProgressCallback = Callable[[PackProgress], None]
 
 
 @dataclass
@@ -121,7 +132,9 @@ def _pack_into(
         if indexed.recording.transcoded_from:
             report.transcoded[source.recording_id] = "; ".join(indexed.notes)
         if on_progress is not None:
-            on_progress(len(recordings), total, report.stored_bytes)
+            on_progress(
+                PackProgress(len(recordings), total, report.stored_bytes, report.audio_seconds)
+            )
     cuts = [_cut(source_cut, recordings) for source_cut in catalogue.cuts]
     writer.finish(
         cuts,

@@ -1,10 +1,18 @@
 """Run the compatibility suite (tests/test_compat.py) and write docs/compat.md.
 
-Usage: .venv/bin/python scripts/compat.py
+Usage: .venv/bin/python scripts/compat.py [--with-pyannote]
 
 Each client reads cuts from a real mount; the table records whether its test
-passed and the version of the client that ran it.  Clients that cannot be
-installed beside the CPU build of PyTorch are listed with the reason.
+passed and the version of the client that ran it.
+
+torchaudio and pyannote.audio cannot be installed beside the CPU build of
+PyTorch the project uses: PyPI's torchaudio for Linux x86_64 is a CUDA build
+(``libtorchaudio.so`` needs ``libcudart.so.13`` and ``libc10_cuda.so``), and
+pyannote.audio imports torchaudio at start.  ``--with-pyannote`` builds a
+separate environment, ``.venv-pyannote``, where they run on the CPU (about
+2 GB of downloads, a 5.4 GB directory; once), and runs
+``tests/test_compat_pyannote.py`` against it.  Without it their rows say why
+they were not run.
 """
 
 from __future__ import annotations
@@ -41,22 +49,52 @@ CLIENTS = {
         "sox",
     ),
     "test_lhotse_manifest_is_valid_gzip_jsonl": ("gzip + json", "cuts.jsonl.gz parses", "python"),
+    "test_pyannote_reads_the_uem_and_rttm": (
+        "pyannote.database",
+        "load_uem(mount/recordings.uem), load_rttm(mount/supervisions.rttm)",
+        "pyannote.database",
+    ),
+    "test_nemo_manifest_lists_the_cut_files": (
+        "NeMo manifest",
+        "mount/nemo.jsonl: audio_filepath, duration, offset, text, checked line by line "
+        "(the keys NeMo's ASRAudioText reads; NeMo itself is not installed here)",
+        "python",
+    ),
 }
-
-NOT_RUNNABLE = [
-    (
-        "torchaudio",
-        "torchaudio.load",
-        "its newest release (2.11.1) is built for torch 2.11 and fails to load its library with "
-        "the CPU build of torch this machine provides (2.13.0); the only torch 2.11 wheels on PyPI "
-        "are CUDA builds, which this project does not install",
-    ),
-    (
-        "pyannote.audio",
-        "Audio()(path), Audio().crop(path, Segment)",
-        "imports torchaudio at start (see above); pyannote.audio 4.0.7 installs but cannot import",
-    ),
+#: Tests of other modules that the table reports.
+_OTHER_TESTS = [
+    "tests/test_views.py::test_pyannote_reads_the_uem_and_rttm",
+    "tests/test_views.py::test_nemo_manifest_lists_the_cut_files",
 ]
+
+#: Clients of the separate environment (test name -> client, what it does, distribution).
+PYANNOTE_CLIENTS = {
+    "test_torchaudio_load": (
+        "torchaudio",
+        "torchaudio.load(path) of a cut of every test recording",
+        "torchaudio",
+    ),
+    "test_pyannote_audio_reads_cuts_crops_and_windows": (
+        "pyannote.audio",
+        "Audio()(cut); Audio().crop(recordings/x.wav, chunk) over a SlidingWindow(5 s, step "
+        "2.5 s) as Inference slides; Audio()(path) of every windows/x/ file",
+        "pyannote.audio",
+    ),
+}
+PYANNOTE_VENV = ROOT / ".venv-pyannote"
+#: The environment that runs them on the CPU (torch 2.11's CUDA build plus the CUDA
+#: libraries it loads; no GPU is needed to load them).
+PYANNOTE_PACKAGES = [
+    "torch==2.11.0",
+    "torchaudio==2.11.0",
+    "torchcodec==0.11.0",
+    "pyannote.audio==4.0.7",
+    "cuda-toolkit[npp]==13.0.2",
+]
+WHY_SEPARATE = (
+    "PyPI's torchaudio for Linux x86_64 is a CUDA build that cannot load beside the CPU torch "
+    "of this project; pyannote.audio imports torchaudio at start"
+)
 
 
 def version(source: str) -> str:
@@ -73,16 +111,14 @@ def version(source: str) -> str:
 
 
 def main() -> int:
+    with_pyannote = "--with-pyannote" in sys.argv[1:]
+    tests = ["tests/test_compat.py", *_OTHER_TESTS]
+    if with_pyannote:
+        _build_pyannote_environment()
+        tests.append("tests/test_compat_pyannote.py")
     with tempfile.TemporaryDirectory() as work:
         report = Path(work) / "report.xml"
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "tests/test_compat.py",
-            f"--junitxml={report}",
-        ]
+        command = [sys.executable, "-m", "pytest", "-q", *tests, f"--junitxml={report}"]
         status = subprocess.run(command, cwd=ROOT, check=False).returncode
         outcomes = {}
         for case in ElementTree.parse(report).getroot().iter("testcase"):
@@ -98,8 +134,8 @@ def main() -> int:
         f"Written by `scripts/compat.py` ({when}, torch {version('torch')}, "
         f"{platform.machine()}). Each client reads cuts from a real mount with its ordinary API; "
         "samples are compared with ffmpeg's full decode of the originals "
-        "(`tests/test_compat.py`). Reproduce: `./scripts/setup.sh && .venv/bin/python "
-        "scripts/compat.py`.",
+        "(`tests/test_compat.py`, `tests/test_compat_pyannote.py`). Reproduce: "
+        "`./scripts/setup.sh && .venv/bin/python scripts/compat.py --with-pyannote`.",
         "",
         "| client | what it does on the mount | version | result |",
         "|---|---|---|---|",
@@ -108,9 +144,28 @@ def main() -> int:
         lines.append(
             f"| {client} | {usage} | {version(source)} | {outcomes.get(test, 'not run')} |"
         )
-    for client, usage, reason in NOT_RUNNABLE:
-        lines.append(f"| {client} | {usage} | - | not runnable here: {reason} |")
+    for test, (client, usage, source) in PYANNOTE_CLIENTS.items():
+        if with_pyannote:
+            found = f"{_pyannote_version(source)} (torch {_pyannote_version('torch')})"
+            result = f"{outcomes.get(test, 'not run')}, in `.venv-pyannote` ({WHY_SEPARATE})"
+            lines.append(f"| {client} | {usage} | {found} | {result} |")
+        else:
+            lines.append(
+                f"| {client} | {usage} | - | not run: needs `scripts/compat.py --with-pyannote` "
+                f"({WHY_SEPARATE}) |"
+            )
     lines += [
+        "",
+        "**torchaudio and pyannote.audio on a CPU-only machine.** PyPI's torchaudio wheels for "
+        "Linux x86_64 are CUDA builds: `libtorchaudio.so` needs `libcudart.so.13` and "
+        "`libc10_cuda.so`, so torchaudio cannot load beside a CPU-only torch (the project's "
+        "2.13.0+cpu), and pyannote.audio 4 imports torchaudio at start. They run on the CPU "
+        "in a separate environment with the CUDA build of torch and the CUDA runtime libraries "
+        "(no GPU needed to load them): `pip install " + " ".join(PYANNOTE_PACKAGES) + "` "
+        "(about 2 GB of downloads, 5.4 GB installed) and `LD_LIBRARY_PATH` set to that "
+        "environment's `site-packages/nvidia/cu13/lib`; `scripts/compat.py --with-pyannote` "
+        "builds it as `.venv-pyannote` and runs `tests/test_compat_pyannote.py` there (not in "
+        "CI: the downloads).",
         "",
         "Formats served in place, each written by its own library (`tests/test_formats.py`, "
         "`tests/test_in_place.py`): Lhotse manifests, Lhotse Shar (Lhotse "
@@ -122,6 +177,32 @@ def main() -> int:
     (ROOT / "docs" / "compat.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return status
+
+
+def _build_pyannote_environment() -> None:
+    python = PYANNOTE_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"building {PYANNOTE_VENV} (about 2 GB of downloads, once)", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(PYANNOTE_VENV)], check=True)
+    missing = subprocess.run(
+        [str(python), "-c", "import torchaudio, pyannote.audio"], capture_output=True, check=False
+    )
+    if missing.returncode != 0:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *PYANNOTE_PACKAGES], check=True)
+
+
+def _pyannote_version(distribution: str) -> str:
+    result = subprocess.run(
+        [
+            str(PYANNOTE_VENV / "bin" / "python"),
+            "-c",
+            f"import importlib.metadata as m; print(m.version({distribution!r}))",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return result.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":

@@ -245,8 +245,30 @@ def test_the_cli_prints_a_summary(tmp_path: Path, corpus: dict[str, str]) -> Non
     audio.mkdir()
     for name in ("flac_mono_16k.flac", "aac_pns_mono_16k.m4a"):
         os.symlink(corpus[name], audio / name)
-    result = _cli_pack(str(audio), "-o", str(tmp_path / "out"), "-j", "2")
+    result = subprocess.run(
+        [*CUTFS, "pack", str(audio), "-o", str(tmp_path / "out"), "-j", "2"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert "packed 2 recordings" in result.stdout
     assert "1 transcoded to FLAC" in result.stdout
     assert "aac_pns_mono_16k: transcoded to FLAC" in result.stderr
+    # Not a terminal: plain progress lines with the share done, hours of audio and an ETA.
+    progress = [line for line in result.stderr.splitlines() if line.startswith("packing:")]
+    assert progress and "2/2 recordings (100%)" in progress[-1]
+    assert " h of audio" in progress[-1] and "ETA" in progress[-1]
+
+
+def test_pack_draws_a_progress_bar_on_a_terminal(tmp_path: Path, corpus: dict[str, str]) -> None:
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    os.symlink(corpus["flac_mono_16k.flac"], audio / "a.flac")
+    command = " ".join([*CUTFS, "pack", str(audio), "-o", str(tmp_path / "out")])
+    result = subprocess.run(
+        ["script", "-qec", command, "/dev/null"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout
+    assert "packing: 100%|" in result.stdout  # tqdm: bar, rate, hours and bytes
+    assert "1/1" in result.stdout and " h, " in result.stdout

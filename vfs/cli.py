@@ -9,17 +9,20 @@ import logging
 import logging.handlers
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
+
+from tqdm import tqdm
 
 from cutfs import __version__
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.output_format import OutputFormat
-from cutfs.codec.packer import pack
+from cutfs.codec.packer import PackProgress, pack
 from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
@@ -352,32 +355,53 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 class _Progress:
-    """A progress line on stderr: redrawn on a terminal, every 10 s otherwise."""
+    """Pack progress on stderr: a tqdm bar on a terminal (percentage, rate, ETA, hours of
+    audio, bytes), otherwise a plain line every 10 s for logs."""
 
     def __init__(self) -> None:
-        self._tty = sys.stderr.isatty()
+        self._bar: tqdm[NoReturn] | None = None
         self._started = time.monotonic()
         self._last = 0.0
-        self._line = ""
 
-    def update(self, done: int, total: int, stored_bytes: int) -> None:
+    def update(self, progress: PackProgress) -> None:
+        if sys.stderr.isatty():
+            self._draw(progress)
+            return
         now = time.monotonic()
-        interval = 0.2 if self._tty else 10.0
-        if now - self._last < interval and done != total:
+        if now - self._last < 10.0 and progress.recordings_done != progress.recordings:
             return
         self._last = now
         elapsed = now - self._started
-        self._line = (
-            f"packing: {done}/{total} recordings, {stored_bytes / 1e6:.1f} MB, {elapsed:.0f} s"
+        done, total = progress.recordings_done, progress.recordings
+        rate = done / elapsed if elapsed > 0 else 0.0
+        remaining = (total - done) / rate if rate > 0 else float("nan")
+        print(
+            f"packing: {done}/{total} recordings ({100 * done / max(total, 1):.0f}%), "
+            f"{progress.audio_seconds / 3600:.2f} h of audio, {progress.stored_bytes / 1e6:.1f} "
+            f"MB, {rate:.1f} recordings/s, {elapsed:.0f} s elapsed, ETA {remaining:.0f} s",
+            file=sys.stderr,
+            flush=True,
         )
-        if self._tty:
-            print("\r" + self._line, end="", file=sys.stderr, flush=True)
-        else:
-            print(self._line, file=sys.stderr, flush=True)
+
+    def _draw(self, progress: PackProgress) -> None:
+        if self._bar is None:
+            size = shutil.get_terminal_size()  # 80x24 where the terminal reports none
+            self._bar = tqdm(
+                total=progress.recordings,
+                unit="rec",
+                desc="packing",
+                ncols=size.columns,
+                nrows=size.lines,
+            )
+        self._bar.set_postfix_str(
+            f"{progress.audio_seconds / 3600:.2f} h, {progress.stored_bytes / 1e6:.0f} MB",
+            refresh=False,
+        )
+        self._bar.update(progress.recordings_done - self._bar.n)
 
     def finish(self) -> None:
-        if self._tty and self._line:
-            print(file=sys.stderr)
+        if self._bar is not None:
+            self._bar.close()
 
 
 # -- mount -------------------------------------------------------------------------------------
@@ -728,7 +752,7 @@ def _stats(args: argparse.Namespace) -> int:
 def format_stats(stats: dict[str, Any]) -> str:
     """The statistics of a mount as aligned tables of plain text."""
     lines = [f"uptime  {stats.get('uptime_seconds', 0):.0f} s"]
-    for section in ("counters", "errors", "cache", "workers", "shards"):
+    for section in ("counters", "errors", "cache", "workers", "shards", "indexing", "views"):
         values = stats.get(section) or {}
         lines.append(f"\n{section}" + ("  (none)" if not values else ""))
         width = max((len(key) for key in values), default=0)

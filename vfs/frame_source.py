@@ -46,6 +46,11 @@ class FrameSource:
         self._index_failures: dict[int, tuple[trio.Event, Exception]] = {}
 
     @property
+    def recordings_being_indexed(self) -> int:
+        """Recordings a worker is indexing now (first use of a source served in place)."""
+        return len(self._indexing)
+
+    @property
     def deadline_seconds(self) -> float:
         """How long one read may take, waiting for workers and indexing included."""
         return self._pool.deadline_seconds

@@ -216,6 +216,7 @@ def serve(
                 kernel=kernel,
                 shards=library.describe(),
                 views={"time_ranges": filesystem.time_ranges},
+                indexing={"in_progress": frames.recordings_being_indexed},
             )
             return (json.dumps(snapshot, indent=2) + "\n").encode()
 
@@ -225,6 +226,7 @@ def serve(
                 "workers": asdict(pool.statistics()),
                 "shards": library.describe(),
                 "views": {"time_ranges": filesystem.time_ranges},
+                "indexing": {"in_progress": frames.recordings_being_indexed},
             }
             return render_metrics(statistics, sections).encode()
 
