@@ -74,7 +74,15 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=REPOSITORY / "bench" / "out")
     parser.add_argument("--out", type=Path, default=REPOSITORY / "docs" / "bench")
     parser.add_argument("--samples", type=int, default=12, help="cold cuts per recording")
+    parser.add_argument(
+        "--replot",
+        action="store_true",
+        help="only redraw the plots of OUT/results.json (no measurement)",
+    )
     args = parser.parse_args()
+    if args.replot:
+        _plots(json.loads((args.out / "results.json").read_text()), args.out)
+        return 0
     if os.geteuid() != 0:
         parser.error("run as root: cold measurements drop the kernel page cache")
     lengths = {"30min": 1800.0, "2h": 7200.0} | ({"36h": 36 * 3600.0} if args.full else {})
@@ -868,12 +876,12 @@ def _plots(results: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    figure, axis = plt.subplots(figsize=(10, 4))
     rows = [r for r in results["latency"] if r["recording"].endswith("30min")]
-    labels = [f"{r['recording'].split('_')[0]}\n{r['system']}" for r in rows]
+    figure, axis = plt.subplots(figsize=(max(10.0, 0.42 * len(rows)), 5))
+    labels = [f"{r['recording'].split('_')[0]} / {r['system']}" for r in rows]
     axis.bar(range(len(rows)), [r["cold_p50_ms"] for r in rows], label="cold p50")
     axis.bar(range(len(rows)), [r["warm_p50_ms"] for r in rows], label="warm p50")
-    axis.set_xticks(range(len(rows)), labels, fontsize=7)
+    axis.set_xticks(range(len(rows)), labels, fontsize=8, rotation=45, ha="right")
     axis.set_yscale("log")
     axis.set_ylabel("ms per 10 s cut")
     axis.set_title("One random 10 s cut of a 30 min recording")

@@ -1,0 +1,123 @@
+"""Reading cuts and recordings in-process, without a mount: what ``cutfs.open`` returns.
+
+A :class:`Corpus` opens what a mount would serve (a shard directory, or any source
+served in place, read with the caller's own rights as ``cutfs pack`` reads it) and
+hands out exact samples: the same frames a mounted cut file holds,
+as int16 numpy arrays of shape (frames, channels).  Nothing is decoded until asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from types import TracebackType
+
+import numpy as np
+
+from cutfs.codec.cut import Cut, seconds_to_frames
+from cutfs.codec.errors import CutfsError, SourceError
+from cutfs.codec.library import Library
+from cutfs.codec.pcm import Int16Array
+from cutfs.codec.shard_format import MANIFEST_FILE
+from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
+from cutfs.codec.source_policy import SourcePolicy
+
+
+class Corpus:
+    """Cuts and recordings of a shard directory or a source, read in this process.
+
+    Use as a context manager, or call :meth:`close`.  Raises :class:`CutfsError`
+    subclasses for sources that cannot be read and for cuts that cannot be served.
+    """
+
+    def __init__(self, source: str | os.PathLike[str], cache_dir: str | None = None) -> None:
+        """``cache_dir`` keeps the index of a source served in place (default: as a mount)."""
+        path = os.fspath(source)
+        if os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST_FILE)):
+            self._library: Library = ShardSet(path)
+        elif os.path.exists(path):
+            # Read with the caller's own rights, as `cutfs pack` reads: no confinement.
+            policy = SourcePolicy.everything()
+            directory = prepare_index(path, cache_dir or default_cache_root(), policy)
+            self._library = SourceIndex(directory, policy=policy)
+        else:
+            raise SourceError("no such file or directory", where=path)
+        self._cut_numbers: dict[str, int] | None = None
+
+    @property
+    def cut_ids(self) -> Sequence[str]:
+        return self._library.cut_ids
+
+    @property
+    def recording_ids(self) -> Sequence[str]:
+        return self._library.recording_ids
+
+    def sample_rate(self, recording_id: str) -> int:
+        """The recording's rate, indexing it first if the source does not declare it."""
+        return self._shape(self._recording_number(recording_id))[0]
+
+    def read_cut(self, cut_id: str) -> tuple[Int16Array, int]:
+        """The cut's samples, (frames, channels) int16, and its sample rate."""
+        number = self._cut_number(cut_id)
+        recording = self._library.cut_recording(number)
+        self._shape(recording)
+        cut: Cut | None = self._library.cut(number)
+        assert cut is not None, "the recording's shape is known"
+        frames = self._library.read_frames(recording, cut.start_frame, cut.end_frame)
+        if cut.channels:
+            frames = np.ascontiguousarray(frames[:, list(cut.channels)])
+        return frames, self._shape(recording)[0]
+
+    def read_recording(
+        self, recording_id: str, start_seconds: float = 0.0, end_seconds: float | None = None
+    ) -> tuple[Int16Array, int]:
+        """A recording's samples from ``start_seconds`` to ``end_seconds`` (default: its end),
+        all channels, and its sample rate; times round to frames as Lhotse rounds them."""
+        number = self._recording_number(recording_id)
+        rate, frames = self._shape(number)
+        first = seconds_to_frames(start_seconds, rate)
+        end = frames if end_seconds is None else seconds_to_frames(end_seconds, rate)
+        if not 0 <= first <= end <= frames:
+            raise SourceError(
+                f"[{start_seconds}, {end_seconds}) s lies outside the recording "
+                f"({frames / rate:.6f} s)",
+                where=recording_id,
+            )
+        return self._library.read_frames(number, first, end), rate
+
+    def close(self) -> None:
+        self._library.close()
+
+    def __enter__(self) -> Corpus:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _shape(self, recording: int) -> tuple[int, int]:
+        shape = self._library.shape(recording)
+        if shape is None:
+            self._library.index(recording)
+            shape = self._library.shape(recording)
+            assert shape is not None, "indexing made the shape known"
+        return shape.sample_rate, shape.num_frames
+
+    def _cut_number(self, cut_id: str) -> int:
+        if self._cut_numbers is None:
+            self._cut_numbers = {identifier: n for n, identifier in enumerate(self.cut_ids)}
+        number = self._cut_numbers.get(cut_id)
+        if number is None:
+            raise CutfsError("no such cut", where=cut_id)
+        return number
+
+    def _recording_number(self, recording_id: str) -> int:
+        try:
+            return list(self.recording_ids).index(recording_id)
+        except ValueError:
+            raise CutfsError("no such recording", where=recording_id) from None

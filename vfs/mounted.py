@@ -1,0 +1,73 @@
+"""``cutfs.mounted``: a mount for the duration of a ``with`` block, as notebooks and tests want.
+
+The mount is made by the ``cutfs`` command, exactly as a user would run it (a daemon in
+the background, ready when the command returns), and is always unmounted on the way out,
+errors included.  Options are the command's long options with ``_`` for ``-``:
+``mounted(src, cache_size="2G", workers=4, allow_other=True)`` runs
+``cutfs mount --cache-size 2G --workers 4 --allow-other src MOUNTPOINT``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from cutfs.codec.errors import CutfsError
+
+
+class MountFailedError(CutfsError):
+    """``cutfs mount`` refused or failed; the message is its own."""
+
+
+@contextmanager
+def mounted(
+    source: str | os.PathLike[str],
+    mountpoint: str | os.PathLike[str] | None = None,
+    **options: str | int | float | bool | None,
+) -> Iterator[Path]:
+    """Mount ``source`` at ``mountpoint`` (a new temporary directory if ``None``) and yield it.
+
+    ``True`` options become flags, ``False`` and ``None`` are left out, lists repeat
+    the option.  Raises :class:`MountFailedError` with the command's message when the
+    mount fails.
+    """
+    temporary = mountpoint is None
+    target = Path(tempfile.mkdtemp(prefix="cutfs-")) if mountpoint is None else Path(mountpoint)
+    command = [sys.executable, "-m", "cutfs.vfs.cli", "mount", *_flags(options)]
+    command += [os.fspath(source), str(target)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        if result.returncode != 0:
+            raise MountFailedError(result.stderr.strip() or f"status {result.returncode}")
+        yield target
+    finally:
+        _unmount(target)
+        if temporary:
+            shutil.rmtree(target, ignore_errors=True)
+
+
+def _flags(options: dict[str, str | int | float | bool | None]) -> list[str]:
+    flags: list[str] = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        values = value if isinstance(value, list | tuple) else [value]
+        for item in values:
+            if item is True:
+                flags.append(flag)
+            elif item is not None and item is not False:
+                flags += [flag, str(item)]
+    return flags
+
+
+def _unmount(target: Path) -> None:
+    if not os.path.ismount(target):
+        return
+    result = subprocess.run(["fusermount3", "-u", str(target)], capture_output=True, check=False)
+    if result.returncode != 0:  # busy (a file still open): detach now, finish when closed
+        subprocess.run(["fusermount3", "-u", "-z", str(target)], capture_output=True, check=False)
