@@ -273,7 +273,15 @@ def test_hostile_ids_stay_inside_the_mount(corpus: dict[str, str], tmp_path: Pat
         assert all(header[:4] == b"RIFF" for header in headers)
         root = [name for name, _ in mount.ops._fs.listing(ROOT_INODE)]
         # The hostile table carries no text or speakers: no text, utt2spk, spk2utt.
-        assert sorted(root) == [b"cuts", b"cuts.jsonl.gz", b"recordings", b"segments", b"wav.scp"]
+        assert sorted(root) == [
+            b"cuts",
+            b"cuts.jsonl.gz",
+            b"nemo.jsonl",
+            b"recordings",
+            b"recordings.uem",
+            b"segments",
+            b"wav.scp",
+        ]
 
     trio.run(scenario)
 
