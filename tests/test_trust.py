@@ -607,8 +607,9 @@ def test_read_timeout_covers_waiting_for_a_busy_worker(
     """With the only worker busy for minutes, a read fails after --read-timeout, not later."""
     data = _kaldi_by_other_user(public, corpus, "sleep 331.5; cat a.flac")
     mountpoint = public / "mnt"
+    log = public / "log"
     options = ("--allow-other", "--allow-commands", "--workers", "1", "--read-timeout", "2")
-    with mounted(str(data), str(mountpoint), *options):
+    with mounted(str(data), str(mountpoint), *options, "--log-file", str(log)):
         busy = subprocess.Popen(
             ["cat", str(mountpoint / "cuts" / "piped.wav")],
             stdout=subprocess.DEVNULL,
@@ -625,6 +626,11 @@ def test_read_timeout_covers_waiting_for_a_busy_worker(
         _, errors = busy.communicate(timeout=20)  # its own read gave up at its deadline too
         assert busy.returncode != 0, errors
         assert _processes_with("^sleep 331.5"), "indexing goes on in the background"
+        assert _stats(mountpoint)["indexing"]["in_progress"] == 2  # both wait for the worker
+        deadline = time.monotonic() + 30  # and is reported in the log every 10 s
+        while "indexing: 0 of 2 recordings indexed, 2 in progress" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
     assert _processes_with("^sleep 331.5") == []
 
 

@@ -275,7 +275,7 @@ def serve(
             log.info("reading %s as %s", shard_dir, user.describe())
         try:
             with acting_as(user):  # root again only to tune the kernel and to unmount
-                trio.run(_run, on_ready, pool, tune_kernel)
+                trio.run(_run, on_ready, pool, tune_kernel, _indexing_reporter(frames, library))
         finally:
             pyfuse3.close(unmount=True)  # also on errors: never leave a stale mount
             log.info("unmounted %s", mountpoint)
@@ -285,15 +285,46 @@ async def _run(
     on_ready: Callable[[], None],
     pool: DecodePool,
     tune_kernel: Callable[[], Awaitable[None]],
+    report_indexing: Callable[[], Awaitable[None]],
 ) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal)
         nursery.start_soon(pool.watch)
         nursery.start_soon(tune_kernel)
+        nursery.start_soon(report_indexing)
         on_ready()
         _notify_systemd("READY=1")
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
+
+
+#: How often the first indexing of a source served in place is reported in the log.
+_INDEXING_REPORT_SECONDS = 10.0
+
+
+def _indexing_reporter(frames: FrameSource, library: Library) -> Callable[[], Awaitable[None]]:
+    """A task that logs indexing progress every 10 s while recordings are being indexed
+    (the first ``ls -l`` of a large source served in place indexes every recording)."""
+
+    async def report() -> None:
+        started: float | None = None
+        while True:
+            await trio.sleep(_INDEXING_REPORT_SECONDS)
+            busy = frames.recordings_being_indexed
+            if not busy:
+                started = None
+                continue
+            started = started if started is not None else trio.current_time()
+            described = library.describe()
+            log.info(
+                "indexing: %s of %d recordings indexed, %d in progress (%.0f s)",
+                described.get("recordings_indexed", "?"),
+                len(library.recording_ids),
+                busy,
+                trio.current_time() - started + _INDEXING_REPORT_SECONDS,
+            )
+
+    return report
 
 
 async def _stop_on_signal() -> None:
