@@ -1,7 +1,8 @@
 """Running a source's shell command (Kaldi ``cmd |``, Lhotse ``command``) within limits.
 
 A command runs with ``/bin/sh -c`` in a session and process group of its own,
-as the user of the calling process.  Its standard output goes to a file;
+as the user of the calling process, with a minimal environment of its own.  Its
+standard output goes to a file;
 the whole group is killed when it runs past its deadline or writes more than
 its output cap, and when it is done (stragglers it left in the background).
 When the process that started it dies, the shell gets ``SIGKILL`` as its
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import pwd
 import selectors
 import signal
 import subprocess
@@ -53,8 +55,15 @@ class CommandLimits:
     max_output_bytes: int = 4 << 30
 
 
-def run_command(command: str, output_path: str, limits: CommandLimits, where: str) -> None:
-    """Run ``command`` and write its standard output to ``output_path``.
+def run_command(
+    command: str,
+    output_path: str,
+    limits: CommandLimits,
+    where: str,
+    working_directory: str | None = None,
+) -> None:
+    """Run ``command`` (in ``working_directory``, default the caller's) and write its
+    standard output to ``output_path``.
 
     The output is written to a temporary name beside ``output_path`` and
     renamed when the command succeeds.  Raises :class:`SourceError` when it
@@ -64,16 +73,20 @@ def run_command(command: str, output_path: str, limits: CommandLimits, where: st
     partial = f"{output_path}.{os.getpid()}.partial"
     try:
         with open(partial, "wb") as output:
-            _run(command, output.fileno(), limits, where)
+            _run(command, output.fileno(), limits, where, working_directory)
         os.replace(partial, output_path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
 
 
-def _run(command: str, output: int, limits: CommandLimits, where: str) -> None:
+def _run(
+    command: str, output: int, limits: CommandLimits, where: str, working_directory: str | None
+) -> None:
     process = subprocess.Popen(
         ["/bin/sh", "-c", command],
+        env=_environment(),
+        cwd=working_directory,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -132,6 +145,16 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
     kill_group(process.pid)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(5)
+
+
+def _environment() -> dict[str, str]:
+    """A command's whole environment: nothing of the caller's (a daemon started by root may
+    hold secrets in its environment), a standard PATH, the home of the user it runs as."""
+    try:
+        home = pwd.getpwuid(os.geteuid()).pw_dir
+    except KeyError:
+        home = "/"
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LC_ALL": "C.UTF-8"}
 
 
 def _write_all(descriptor: int, data: bytes) -> None:

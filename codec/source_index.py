@@ -63,9 +63,10 @@ from cutfs.codec.recording_indexer import index_recording
 from cutfs.codec.shard_format import RECORDINGS_SCHEMA, int_column, read_table
 from cutfs.codec.shard_set import recording_from_row
 from cutfs.codec.shard_writer import recording_row
-from cutfs.codec.source_policy import SourcePolicy
+from cutfs.codec.source_policy import SourcePolicy, check_may_run_commands_here
 from cutfs.codec.sources import Refusals, SourceCatalogue, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
+from cutfs.codec.sources.audio_dir import AUDIO_EXTENSIONS
 from cutfs.codec.storage import LocalStorage, Storage, file_stamp
 
 INDEX_FILE: Final = "source-index.json"
@@ -169,6 +170,7 @@ def prepare_index(source: str, cache_root: str, policy: SourcePolicy | None = No
         private_directory(directory)
         private_directory(os.path.join(directory, _PLANS))
         return directory
+    _refuse_links_out(source, policy)
     refusals = Refusals(strict=False)
     catalogue = read_source([source], refusals)
     _confine(catalogue, policy, refusals)
@@ -230,6 +232,34 @@ def private_directory(path: str) -> None:
     if status.st_mode & 0o077:
         with contextlib.suppress(OSError):
             os.chmod(path, 0o700)
+
+
+def _refuse_links_out(source: str, policy: SourcePolicy) -> None:
+    """Refuse a source holding links that lead outside the allowed roots, audio files aside.
+
+    Manifests, Kaldi files and tables are read as they are found, so a ``text``
+    linked to someone else's file would be served as transcripts; audio files
+    are checked one by one later (their entries are refused, the rest served).
+    """
+    if policy.unrestricted:
+        return
+    entries = [source]
+    if os.path.isdir(source) and not os.path.islink(source):
+        for directory, subdirectories, names in os.walk(source):
+            entries += [os.path.join(directory, name) for name in subdirectories + names]
+    for path in entries:
+        if not os.path.islink(path) or path.lower().endswith(_AUDIO_SUFFIXES):
+            continue
+        if not policy.is_allowed(path):
+            raise SourceError(
+                f"{path} links to {os.path.realpath(path)}, outside the source and the allowed "
+                "roots: remove the link, or allow its target with --allow-root",
+                where=source,
+            )
+
+
+#: Files whose links are checked as recordings, one by one (see _refuse_links_out).
+_AUDIO_SUFFIXES: Final = tuple(sorted(AUDIO_EXTENSIONS))
 
 
 def _policy_stamp(policy: SourcePolicy) -> dict[str, Any]:
@@ -530,7 +560,8 @@ class SourceIndex:
                 ) from exc
             identity = (
                 f"file\0{path}\0{self._offsets[recording_index]}\0"
-                f"{self._lengths[recording_index]}\0{status.st_size}\0{status.st_mtime_ns}"
+                f"{self._lengths[recording_index]}\0{status.st_size}\0{status.st_mtime_ns}\0"
+                f"{status.st_ino}"
             )
         identity = f"{INDEX_VERSION}\0{identity}"
         return hashlib.sha256(identity.encode("utf-8", "surrogateescape")).hexdigest()[:32]
@@ -618,9 +649,12 @@ class SourceIndex:
                 where = self._where(recording_index)
                 defining_file = _defining_file(self._described_in[recording_index])
                 self.policy.check_command_file(defining_file, where)
+                check_may_run_commands_here(where)
                 limits = self.policy.command_limits
                 room = max(min(limits.max_output_bytes, self._cache_room()), 0)
-                run_command(command, path, replace(limits, max_output_bytes=room), where)
+                limits = replace(limits, max_output_bytes=room)
+                # In the directory of the file that defines it, as paths in it are relative to.
+                run_command(command, path, limits, where, os.path.dirname(defining_file))
             return path, 0, os.path.getsize(path)
         path = self._source_path(recording_index)
         offset = int(self._offsets[recording_index])

@@ -159,5 +159,20 @@ class SourcePolicy:
             )
 
 
+def check_may_run_commands_here(where: str) -> None:
+    """Refuse to start a command from a process that holds root in any of its ids.
+
+    A daemon serving as another user keeps root as its real and saved ids (to
+    unmount); a shell started from it could take root back.  Commands run
+    in decoder workers, which are that user entirely.
+    """
+    if 0 in os.getresuid() and os.geteuid() != 0:
+        raise SourceError(
+            "commands never run in a process that holds root in any of its ids (the daemon "
+            "itself, with --workers 0): they run in decoder workers",
+            where=where,
+        )
+
+
 def _beneath(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")

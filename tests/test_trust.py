@@ -216,10 +216,11 @@ def test_kaldi_files_may_use_tabs(tmp_path: Path, corpus: dict[str, str]) -> Non
     data = tmp_path / "data"
     data.mkdir()
     (data / "wav.scp").write_text(f"rec1\t{corpus[FLAC]}\n")
-    (data / "segments").write_text("utt1\trec1\t1.0\t2.5\nutt2 rec1\t3\t-1\n")
+    (data / "segments").write_text("utt1\trec1\t1.0\t2.5\nutt2 rec1\t3\t-1\nutt3 rec1 4 -1.00\n")
     (data / "text").write_text("utt1\thello world\n")
     catalogue = read_source([str(data)])
-    assert [cut.cut_id for cut in catalogue.cuts] == ["utt1", "utt2"]
+    assert [cut.cut_id for cut in catalogue.cuts] == ["utt1", "utt2", "utt3"]
+    assert catalogue.cuts[2].duration_seconds is None  # any negative end: to the end
     assert catalogue.cuts[0].start_seconds == 1.0
     assert catalogue.cuts[0].duration_seconds == 1.5
     assert catalogue.cuts[1].duration_seconds is None
@@ -801,3 +802,112 @@ def test_transcodes_into_the_index_cache_are_bounded(public: Path, corpus: dict[
     assert sum(copies) <= 1 << 20, copies
     with mounted(str(source), str(mountpoint), "--cache-dir", str(cache)):  # default 8G
         assert os.stat(mountpoint / "cuts" / "long.wav").st_size == 44 + 2 * 120 * 48000
+
+
+# -- found in review ----------------------------------------------------------------------------
+
+
+def test_decoding_in_the_daemon_is_refused_when_reading_as_another_user(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """--workers 0 keeps decoding (and commands) in the daemon, which holds root to unmount."""
+    data = _kaldi_by_other_user(public, corpus, "id > /dev/null; cat a.flac")
+    (public / "mnt").mkdir()
+    result = subprocess.run(
+        [*CUTFS, "mount", "--allow-commands", "--workers", "0", str(data), str(public / "mnt")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "needs decoder workers" in result.stderr
+
+
+def test_a_source_others_can_write_needs_a_user(public: Path, secret: Path) -> None:
+    """A root-owned, world-writable directory (like /tmp) is not read as root by default."""
+    shared = public / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    shutil.copy(secret, shared / "own.flac")
+    (shared / "own.flac").chmod(0o644)
+    (shared / "wav.scp").write_text(f"stolen {secret}\nown own.flac\n")
+    give_to_other_user(shared / "wav.scp")
+    mountpoint = public / "mnt"
+    mountpoint.mkdir()
+    refused = subprocess.run(
+        [*CUTFS, "mount", str(shared), str(mountpoint)], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode == 2
+    assert "--user" in refused.stderr
+    options = ("--allow-other", "--user", "nobody", "--allow-root", str(secret.parent))
+    with mounted(str(shared), str(mountpoint), *options):
+        assert _read_as_other_user(mountpoint, "stolen.wav").stdout == b""  # read as nobody
+        assert _read_as_other_user(mountpoint, "own.wav").returncode == 0
+
+
+def test_a_side_file_linked_outside_the_source_refuses_it(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    source = public / "data"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    (source / "wav.scp").write_text("a a.flac\n")
+    private = public / "private"
+    private.mkdir(mode=0o700)
+    (private / "notes").write_text("a TOP SECRET TRANSCRIPT\n")
+    (source / "text").symlink_to(private / "notes")
+    (public / "mnt").mkdir()
+    result = subprocess.run(
+        [*CUTFS, "mount", "--user", "root", str(source), str(public / "mnt")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 3
+    assert "links to" in result.stderr and "TOP SECRET" not in result.stderr
+
+
+def test_commands_get_none_of_the_daemons_environment(public: Path, corpus: dict[str, str]) -> None:
+    marker = public / "environment"
+    marker.touch()
+    give_to_other_user(marker)
+    data = _kaldi_by_other_user(public, corpus, f"env > {marker}; cat a.flac")
+    mountpoint = public / "mnt"
+    mountpoint.mkdir()
+    environment = {**os.environ, "ADMIN_SECRET_TOKEN": "hunter2"}
+    result = subprocess.run(
+        [*CUTFS, "mount", "--allow-commands", "--allow-other", str(data), str(mountpoint)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    try:
+        assert _read_as_other_user(mountpoint, "piped.wav").returncode == 0
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
+    seen = marker.read_text()
+    assert "hunter2" not in seen and "PATH=/usr/local/bin:/usr/bin:/bin" in seen
+
+
+def test_a_cache_path_through_a_users_link_is_not_made_by_root(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    source = _kaldi_by_other_user(public, corpus, "true")
+    root_only = public / "root-only"
+    root_only.mkdir(mode=0o700)
+    home = public / "home"
+    home.mkdir()
+    (home / "cache").symlink_to(root_only)
+    give_to_other_user(home)
+    (public / "mnt").mkdir()
+    mount_arguments = [str(source), str(public / "mnt")]
+    result = subprocess.run(
+        [*CUTFS, "mount", "--cache-dir", str(home / "cache" / "cutfs"), *mount_arguments],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 3
+    assert not (root_only / "cutfs").exists()  # made and chowned by root before

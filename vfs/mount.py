@@ -131,30 +131,42 @@ def cache_root_for(explicit: str | None, user: ServingUser | None) -> str:
     a directory of that user's own, ``<default root>/<uid>`` (mode 0700,
     owned by the user; ``0`` when it reads as root), below a default root
     that only root can write.  An explicit directory that does not exist
-    yet is made for the user the same way.  Whether an existing directory is
-    private enough is checked as the user, when the index is prepared.
+    yet is made by the user itself (never created or chowned by root, where
+    the user's links could point).  Whether an existing directory is private
+    enough is checked as the user, when the index is prepared.
     """
     if os.geteuid() != 0:
         return explicit or default_cache_root()
+    if explicit is not None:
+        if user is not None:
+            with acting_as(user):  # made by the user itself: nothing made or chowned as root
+                try:
+                    os.makedirs(explicit, mode=0o700, exist_ok=True)
+                except OSError as exc:
+                    raise MountError(
+                        f"cannot create the index cache {explicit} as {user.describe()}: "
+                        f"{exc.strerror}",
+                        ExitCode.BAD_SHARDS,
+                    ) from exc
+        return explicit
+    parent = default_cache_root()
+    os.makedirs(parent, mode=0o755, exist_ok=True)
+    status = os.lstat(parent)
+    if status.st_uid != 0 or status.st_mode & 0o022 or not stat.S_ISDIR(status.st_mode):
+        raise MountError(
+            f"the index cache root {parent} must be a directory owned by root and "
+            "writable by no one else",
+            ExitCode.BAD_SHARDS,
+        )
+    if status.st_mode & 0o011 != 0o011:  # each user's directory below must be reachable
+        log.info("making %s traversable (0755) for the per-user index caches", parent)
+        os.chmod(parent, 0o755)
     uid, gid = (user.uid, user.gid) if user is not None else (0, 0)
-    if explicit is None:
-        parent = default_cache_root()
-        os.makedirs(parent, mode=0o755, exist_ok=True)
-        status = os.lstat(parent)
-        if status.st_uid != 0 or status.st_mode & 0o022 or not stat.S_ISDIR(status.st_mode):
-            raise MountError(
-                f"the index cache root {parent} must be a directory owned by root and "
-                "writable by no one else",
-                ExitCode.BAD_SHARDS,
-            )
-        if status.st_mode & 0o011 != 0o011:  # each user's directory below must be reachable
-            log.info("making %s traversable (0755) for the per-user index caches", parent)
-            os.chmod(parent, 0o755)
-        explicit = os.path.join(parent, str(uid))
-    if not os.path.lexists(explicit):
-        os.makedirs(explicit, mode=0o700)
-        os.chown(explicit, uid, gid)
-    return explicit
+    root = os.path.join(parent, str(uid))
+    if not os.path.lexists(root):
+        os.makedirs(root, mode=0o700)
+        os.chown(root, uid, gid, follow_symlinks=False)
+    return root
 
 
 #: Refused entries of a source logged one by one at mount; the rest are counted.
@@ -182,6 +194,12 @@ def serve(
     mountpoint = os.path.abspath(mountpoint)
     _check_environment(mountpoint)
     user = _serving_user(options.user, shard_dir)
+    if user is not None and options.workers == 0:
+        raise MountError(
+            f"--workers 0 decodes in the daemon, which keeps root to unmount; reading as "
+            f"{user.describe()} needs decoder workers (--workers 1 or more)",
+            ExitCode.USAGE,
+        )
     policy = SourcePolicy.for_source(
         shard_dir,
         options.allowed_roots,

@@ -13,7 +13,12 @@ source with the rights of one user: the owner of SOURCE, or ``--user``.
   tuning through sysfs, unmounting at exit).
 
 A source owned by root is read as root (it is the administrator's own), unless
-``--user`` names someone else.  See "Security model" in docs/operations.md.
+``--user`` names someone else; a source that users besides its owner can write
+(a group- or world-writable directory, like ``/tmp``) is refused unless ``--user``
+says whom to read it as.  A command never runs in a process that has root in
+any of its ids (see :mod:`cutfs.codec.source_policy`), so ``--workers 0`` (decoding
+in the daemon, which keeps root to unmount) is refused for a serving user.  See
+"Security model" in docs/operations.md.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import contextlib
 import grp
 import os
 import pwd
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,8 +60,9 @@ class ServingUser:
 
     @classmethod
     def owner_of(cls, path: str) -> ServingUser:
-        """The user that owns ``path`` (a numeric user with no entry keeps its own group)."""
-        status = os.stat(path)
+        """The user that owns ``path`` itself, a link not followed (a numeric user with no
+        entry keeps its own group)."""
+        status = os.lstat(path)
         try:
             return cls._of(pwd.getpwuid(status.st_uid))
         except KeyError:
@@ -162,5 +169,26 @@ def serving_user(requested: str | None, source: str) -> ServingUser | None:
         if requested is not None:
             raise ServingUserError("--user needs the daemon to be started as root")
         return None
-    user = ServingUser.named(requested) if requested is not None else ServingUser.owner_of(source)
+    if requested is not None:
+        user = ServingUser.named(requested)
+        return None if user.is_root else user
+    user = ServingUser.owner_of(source)
+    writers = _other_writers(source)
+    if writers:
+        raise ServingUserError(
+            f"{source} {writers}, so its owner is not the only one who decides what it holds: "
+            "say whom to read it as with --user (--user root to read it as root)"
+        )
     return None if user.is_root else user
+
+
+def _other_writers(source: str) -> str:
+    """Why users besides the owner may change what ``source`` holds ('' if they cannot)."""
+    status = os.lstat(source)
+    directory = source if stat.S_ISDIR(status.st_mode) else os.path.dirname(source)
+    for path in dict.fromkeys([source, directory]):
+        mode = os.lstat(path).st_mode
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            where = "is" if path == source else f"lies in {path}, which is"
+            return f"{where} writable by its group or others"
+    return ""

@@ -68,7 +68,7 @@ def _segment(
         raise SourceError("a segments line is '<utt> <recording> <start> <end>'", where=where)
     recording_id, start_text, end_text = fields
     start = parse_seconds(start_text, f"the start of segment {utterance!r}", where=where)
-    if end_text.strip() in ("-1", "-1.0"):
+    if end_text.startswith("-") and _is_number(end_text):  # -1, -1.00: to the end
         duration = None
     else:
         end = parse_seconds(end_text, f"the end of segment {utterance!r}", where=where)
@@ -120,3 +120,11 @@ def _table(
     except UnicodeDecodeError as exc:
         raise SourceError(f"not UTF-8 text: {exc}", where=path) from exc
     return rows
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
