@@ -19,6 +19,7 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,26 @@ def _cut(cut_id: str, recording: str, start: object, duration: object) -> str:
         f'{{"id": {json.dumps(cut_id)}, "type": "MonoCut", "recording_id": '
         f'{json.dumps(recording)}, "start": {start}, "duration": {duration}, "channel": 0}}\n'
     )
+
+
+@contextmanager
+def _mounted_in(
+    environment: dict[str, str], source: Path, mountpoint: Path, *options: str
+) -> Iterator[Path]:
+    """``cutfs mount`` with the given environment; always unmounted afterwards."""
+    mountpoint.mkdir(exist_ok=True)
+    result = subprocess.run(
+        [*CUTFS, "mount", *options, str(source), str(mountpoint)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
 
 
 def _expected(reference: Reference, start_seconds: float, duration_seconds: float) -> bytes:
@@ -272,25 +293,17 @@ def test_lhotse_tolerance_follows_the_environment(
         if tolerance is not None:
             environment["LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE"] = tolerance
         mountpoint = public / f"mnt-{tolerance}"
-        mountpoint.mkdir()
-        result = subprocess.run(
-            [*CUTFS, "mount", "--cache-dir", str(public / "cache"), str(source), str(mountpoint)],
-            env=environment,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        try:
-            with open(mountpoint / "cuts" / "tail.wav", "rb") as cut_file:
-                if readable:
-                    samples = np.frombuffer(cut_file.read()[44:], dtype="<i2")
-                    assert len(samples) == seconds_to_frames(1.3, 16000)
-                else:
-                    with pytest.raises(OSError):
-                        cut_file.read()
-        finally:
-            subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
+        options = ("--cache-dir", str(public / "cache"))
+        with (
+            _mounted_in(environment, source, mountpoint, *options),
+            open(mountpoint / "cuts" / "tail.wav", "rb") as cut_file,
+        ):
+            if readable:
+                samples = np.frombuffer(cut_file.read()[44:], dtype="<i2")
+                assert len(samples) == seconds_to_frames(1.3, 16000)
+            else:
+                with pytest.raises(OSError):
+                    cut_file.read()
 
 
 # -- commands from data -------------------------------------------------------------------------
@@ -872,21 +885,10 @@ def test_commands_get_none_of_the_daemons_environment(public: Path, corpus: dict
     marker.touch()
     give_to_other_user(marker)
     data = _kaldi_by_other_user(public, corpus, f"env > {marker}; cat a.flac")
-    mountpoint = public / "mnt"
-    mountpoint.mkdir()
     environment = {**os.environ, "ADMIN_SECRET_TOKEN": "hunter2"}
-    result = subprocess.run(
-        [*CUTFS, "mount", "--allow-commands", "--allow-other", str(data), str(mountpoint)],
-        env=environment,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    try:
+    options = ("--allow-commands", "--allow-other")
+    with _mounted_in(environment, data, public / "mnt", *options) as mountpoint:
         assert _read_as_other_user(mountpoint, "piped.wav").returncode == 0
-    finally:
-        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
     seen = marker.read_text()
     assert "hunter2" not in seen and "PATH=/usr/local/bin:/usr/bin:/bin" in seen
 
