@@ -27,11 +27,13 @@ index the recording, while listings give provisional attributes.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Final, overload
 
@@ -244,7 +246,7 @@ class Filesystem:
     # -- metadata ---------------------------------------------------------------------------
 
     async def lookup(self, parent_inode: int, name: bytes) -> Attributes:
-        with self._deadline("looking up a name"):
+        with self._request():
             return await self._lookup(parent_inode, name)
 
     async def _lookup(self, parent_inode: int, name: bytes) -> Attributes:
@@ -261,7 +263,7 @@ class Filesystem:
 
     async def open_directory(self, inode: int) -> None:
         """Check that ``inode`` is a directory; fill a window directory on first use."""
-        with self._deadline("opening a directory"):
+        with self._request():
             await self._open_directory(inode)
 
     async def _open_directory(self, inode: int) -> None:
@@ -313,14 +315,18 @@ class Filesystem:
 
     async def _shape(self, recording_index: int) -> AudioShape:
         """A recording's shape, having it indexed first if the library does not know it."""
-        await self._frames.index(recording_index)  # returns at once when the shape is known
+        shape = self._library.shape(recording_index)
+        if shape is not None:
+            return shape
+        with self._waiting("indexing the recording", recording_index):
+            await self._frames.index(recording_index)
         shape = self._library.shape(recording_index)
         assert shape is not None, "indexing did not make the shape known"
         return shape
 
     async def getattr(self, inode: int) -> Attributes:
         """A node's attributes; a WAV file's size may need its recording indexed first."""
-        with self._deadline("reading attributes", inode):
+        with self._request():
             return await self._getattr(inode)
 
     async def _getattr(self, inode: int) -> Attributes:
@@ -404,7 +410,7 @@ class Filesystem:
         The whole read (waiting for a worker, indexing, decoding) takes at most
         the read deadline; past it, :class:`DecodeDeadlineError` (EIO).
         """
-        with self._deadline("reading", inode):
+        with self._request():
             return await self._read(inode, offset, size)
 
     async def _read(self, inode: int, offset: int, size: int) -> bytes:
@@ -512,20 +518,34 @@ class Filesystem:
         return b"".join(parts)
 
     async def _samples(self, source: WavSource, first: int, last: int) -> np.ndarray:
-        """The file's frames ``[first, last)`` before encoding (16-bit scale)."""
+        """The file's frames ``[first, last)`` before encoding (16-bit scale).
+
+        Cached frames are served without waiting; anything that may wait
+        (decoding, indexing, resampling) runs under the request's deadline.
+        """
         source_rate = source.shape.sample_rate
-        resampler = None
-        if self._format.resamples(source_rate):  # designing a filter takes a while: off the loop
-            resampler = await trio.to_thread.run_sync(self._format.resampler, source_rate)
-        if resampler is None:
+        if not self._format.resamples(source_rate):
             start = source.start_frame
-            frames = await self._frames.frames(
-                source.recording_index,
-                start + first,
-                start + last,
-                readahead_end=start + min(source.layout.num_frames, last + _READAHEAD_FRAMES),
-            )
+            frames = self._frames.cached_frames(source.recording_index, start + first, start + last)
+            if frames is None:
+                with self._waiting("reading", source.recording_index):
+                    frames = await self._frames.frames(
+                        source.recording_index,
+                        start + first,
+                        start + last,
+                        readahead_end=start
+                        + min(source.layout.num_frames, last + _READAHEAD_FRAMES),
+                    )
             return frames[:, list(source.channels)] if source.channels else frames
+        with self._waiting("resampling", source.recording_index):
+            return await self._resampled(source, first, last)
+
+    async def _resampled(self, source: WavSource, first: int, last: int) -> np.ndarray:
+        """Frames ``[first, last)`` of a file served at another rate (slow: off the loop)."""
+        source_rate = source.shape.sample_rate
+        # Designing a filter takes a while: off the loop.
+        resampler = await trio.to_thread.run_sync(self._format.resampler, source_rate)
+        assert resampler is not None, "called only when the rate changes"
         wanted_first, wanted_end = source.output_start + first, source.output_start + last
         total = source.shape.num_frames
         low, high = resampler.input_span(wanted_first, wanted_end, total)
@@ -547,31 +567,33 @@ class Filesystem:
     # -- helpers ----------------------------------------------------------------------------
 
     @contextmanager
-    def _deadline(self, what: str, inode: int | None = None) -> Iterator[None]:
-        """Fail the request with :class:`DecodeDeadlineError` when it runs past the deadline.
+    def _request(self) -> Iterator[None]:
+        """The span of one kernel request: its deadline starts now (see :meth:`_waiting`)."""
+        token = _REQUEST_DEADLINE.set(trio.current_time() + self._frames.deadline_seconds)
+        try:
+            yield
+        finally:
+            _REQUEST_DEADLINE.reset(token)
 
-        The error names the recording of ``inode`` when there is one.  Work the
-        request started for others (indexing a recording) goes on in the background.
+    @contextmanager
+    def _waiting(self, what: str, recording_index: int | None) -> Iterator[None]:
+        """Run a step that may wait (indexing, decoding) under the request's deadline.
+
+        Past it, :class:`DecodeDeadlineError` (EIO) naming the recording; work the
+        step started for others (indexing a recording) goes on in the background.
+        Only steps that may wait pay for a cancel scope (several microseconds):
+        requests answered from memory do not.
         """
-        seconds = self._frames.deadline_seconds
-        try:
-            with trio.fail_after(seconds):
-                yield
-        except trio.TooSlowError:
+        with trio.move_on_at(_REQUEST_DEADLINE.get()) as scope:
+            yield
+        if scope.cancelled_caught:
             raise DecodeDeadlineError(
-                f"{what} took longer than {seconds:g} s (--read-timeout; storage not "
-                "answering, or every decoder busy?)",
-                where=self._describe(inode),
-            ) from None
-
-    def _describe(self, inode: int | None) -> str | None:
-        """The recording an inode's file is of, for messages (``None`` if it has none)."""
-        if inode is None or self._table.kind(inode) not in _WAV_KINDS:
-            return None
-        try:
-            return self._library.recording_ids[self._recording_of(inode)]
-        except (FsError, IndexError):
-            return None
+                f"{what} took longer than {self._frames.deadline_seconds:g} s in all "
+                "(--read-timeout; storage not answering, or every decoder busy?)",
+                where=None
+                if recording_index is None
+                else self._library.recording_ids[recording_index],
+            )
 
     def _directory(self, inode: int) -> Directory:
         directory = self._table.directory(inode)
@@ -592,7 +614,8 @@ class Filesystem:
             return self._text(inode)
         name = self._text_inodes[inode]
         if name in NEEDS_LENGTHS:
-            await self._index_all()
+            with self._waiting(f"indexing every recording for {name}", None):
+                await self._index_all()
         text = self._texts.get(inode)  # another request may have rendered it meanwhile
         if text is None:
             text = self._manifests.render(name)
@@ -618,6 +641,10 @@ class Filesystem:
             for number in pending:
                 nursery.start_soon(index, number)
 
+
+#: When the kernel request being answered must be done (trio runs each request in a task
+#: of its own, so each has its own value); infinity outside requests.
+_REQUEST_DEADLINE: ContextVar[float] = ContextVar("request_deadline", default=math.inf)
 
 _WAV_KINDS: Final = frozenset({NodeKind.CUT, NodeKind.RECORDING, NodeKind.SPAN, NodeKind.WINDOW})
 

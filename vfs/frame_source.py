@@ -133,17 +133,40 @@ class FrameSource:
         if self._profile is not None:
             phase = "frames.decoded" if decoded else "frames.cached"
             self._profile.observe(phase, time.perf_counter() - started)
+        return self._joined(recording_index, numbers, blocks, first, end)
+
+    def cached_frames(self, recording_index: int, first: int, end: int) -> Int16Array | None:
+        """Frames ``[first, end)`` if every block of them is in the cache, else ``None``.
+
+        Never waits: callers take this path first and pay for deadlines and
+        decoding only when it misses.
+        """
+        block_frames = self._cache.block_frames
+        numbers: Sequence[int] = range(first // block_frames, -(-end // block_frames))
+        blocks: dict[int, Int16Array] = {}
+        if self._collect(recording_index, numbers, blocks):
+            return None
+        return self._joined(recording_index, numbers, blocks, first, end)
+
+    def _joined(
+        self,
+        recording_index: int,
+        numbers: Sequence[int],
+        blocks: dict[int, Int16Array],
+        first: int,
+        end: int,
+    ) -> Int16Array:
         if not blocks:
             shape = self._library.shape(recording_index)
             return np.zeros((0, shape.channels if shape else 1), dtype=np.int16)
         joined = np.concatenate([blocks[n] for n in numbers])
-        offset = numbers[0] * block_frames
+        offset = numbers[0] * self._cache.block_frames
         result = joined[first - offset : end - offset]
         if len(result) < end - first:
             raise ManifestMismatchError(
                 f"frames [{first}, {end}) were asked for, the audio ends at frame "
                 f"{offset + len(joined)}, before the length its manifest declares",
-                where=recording.recording_id,
+                where=self._library.recording_ids[recording_index],
             )
         return result
 
