@@ -6,6 +6,7 @@ import errno
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,9 @@ from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.inode_table import ROOT_INODE
 from cutfs.vfs.operations import Operations
 from cutfs.vfs.statistics import Statistics
+
+#: What pyfuse3 passes with a request: who asked (root here).
+CONTEXT = SimpleNamespace(uid=0, gid=0, pid=0, umask=0o022)
 
 
 class Mount:
@@ -51,7 +55,7 @@ class Mount:
     async def inode(self, path: str) -> int:
         inode = ROOT_INODE
         for name in path.split("/"):
-            inode = (await self.ops.lookup(inode, name.encode(), None)).st_ino
+            inode = (await self.ops.lookup(inode, name.encode(), CONTEXT)).st_ino
         return inode
 
     async def read_all(self, path: str) -> bytes:
@@ -109,11 +113,11 @@ def test_reads_are_exact_at_any_offset(mount: Mount, references: dict[str, Refer
 def test_errors_become_errno_values(mount: Mount) -> None:
     async def scenario() -> None:
         with pytest.raises(pyfuse3.FUSEError) as raised:
-            await mount.ops.lookup(ROOT_INODE, b"missing", None)
+            await mount.ops.lookup(ROOT_INODE, b"missing", CONTEXT)
         assert raised.value.errno == errno.ENOENT
         cut = await mount.inode("cuts/flac_mono_16k/start.wav")
         with pytest.raises(pyfuse3.FUSEError) as raised:
-            await mount.ops.lookup(cut, b"x", None)
+            await mount.ops.lookup(cut, b"x", CONTEXT)
         assert raised.value.errno == errno.ENOTDIR
         with pytest.raises(pyfuse3.FUSEError) as raised:
             await mount.ops.open(cut, 0o1, None)  # O_WRONLY
@@ -258,7 +262,7 @@ def test_hostile_ids_stay_inside_the_mount(corpus: dict[str, str], tmp_path: Pat
         for name, child in fs.listing(inode):
             assert name not in (b"", b".", b"..") and b"/" not in name and b"\0" not in name
             assert len(name) <= 255
-            attributes = await mount.ops.lookup(inode, name, None)
+            attributes = await mount.ops.lookup(inode, name, CONTEXT)
             assert attributes.st_ino == child
             if fs.listed_attributes(child).mode & 0o040000:
                 found += await walk(child, depth + 1)

@@ -245,11 +245,13 @@ class Filesystem:
 
     # -- metadata ---------------------------------------------------------------------------
 
-    async def lookup(self, parent_inode: int, name: bytes) -> Attributes:
+    async def lookup(self, parent_inode: int, name: bytes, user: int = 0) -> Attributes:
+        """The attributes of ``name`` in a directory; ``user`` (the caller's uid) is charged
+        for a time range made by this lookup."""
         with self._request():
-            return await self._lookup(parent_inode, name)
+            return await self._lookup(parent_inode, name, user)
 
-    async def _lookup(self, parent_inode: int, name: bytes) -> Attributes:
+    async def _lookup(self, parent_inode: int, name: bytes, user: int) -> Attributes:
         directory = self._directory(parent_inode)
         if name == b".":
             return await self._getattr(parent_inode)
@@ -258,7 +260,7 @@ class Filesystem:
         await self._open_directory(parent_inode)
         inode = directory.children.get(name)
         if inode is None:
-            inode = await self._span_lookup(directory, name)
+            inode = await self._span_lookup(directory, name, user)
         return await self._getattr(inode)
 
     async def open_directory(self, inode: int) -> None:
@@ -272,7 +274,7 @@ class Filesystem:
         if recording_index is not None and self._windows is not None:
             await self._shape(recording_index)  # its windows need its length
 
-    async def _span_lookup(self, directory: Directory, name: bytes) -> int:
+    async def _span_lookup(self, directory: Directory, name: bytes, user: int) -> int:
         """A recording's hidden range directory, or a time range file in one."""
         recording_index = self._range_parents.get((directory.inode, name))
         if recording_index is not None:
@@ -301,7 +303,7 @@ class Filesystem:
                 raise FsError(errno.ENOENT)
             return window_inode(window_recording, number)
         assert recording_index is not None
-        return self._spans.acquire((recording_index, start, end))
+        return self._spans.acquire((recording_index, start, end), user)
 
     @property
     def time_ranges(self) -> int:

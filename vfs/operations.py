@@ -121,7 +121,7 @@ class Operations(pyfuse3.Operations):
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return self._entry(await self._fs.lookup(parent_inode, name))
+        return self._entry(await self._fs.lookup(parent_inode, name, ctx.uid))
 
     @_errno_boundary
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
