@@ -28,7 +28,6 @@ name keeps it and later ones are escaped whole (``escape_id(force=True)``).
 from __future__ import annotations
 
 import mmap
-import os
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ import pyarrow.compute as pc
 
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.path_escape import escape_id, unescape_path
+from cutfs.codec.shard_format import write_table
 
 ROOT: Final = 0
 _ENTRIES: Final = ".entries.arrow"
@@ -154,9 +154,9 @@ def write_file_tree(prefix: str, paths: Sequence[str] | pa.Array) -> None:
     children = np.asarray(entries.column("child").to_numpy(), dtype=np.int64)
     subdirectories = np.bincount(directory_column[children >= 0], minlength=len(parent))
     directories = pa.table([first, end - first, parent, subdirectories], schema=_DIRECTORY_SCHEMA)
-    _write(prefix + _ENTRIES, entries.combine_chunks())
-    _write(prefix + _DIRECTORIES, directories)
-    _write(prefix + _PATHS, pa.table([path_array], schema=_PATH_SCHEMA))
+    write_table(prefix + _ENTRIES, entries.combine_chunks())
+    write_table(prefix + _DIRECTORIES, directories)
+    write_table(prefix + _PATHS, pa.table([path_array], schema=_PATH_SCHEMA))
 
 
 def _entry_table(
@@ -382,10 +382,3 @@ def _read_mapped(path: str, schema: pa.Schema) -> pa.Table:
     if not table.schema.equals(schema):
         raise ShardFormatError("the file tree has another schema", where=path)
     return table
-
-
-def _write(path: str, table: pa.Table) -> None:
-    partial = f"{path}.partial"
-    with pa.OSFile(partial, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=1 << 30)
-    os.replace(partial, path)

@@ -19,6 +19,8 @@ A shard directory holds:
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Final
 
 import numpy as np
@@ -85,6 +87,25 @@ def read_table(path: str) -> pa.Table:
             return pa.ipc.open_file(source).read_all()
     except (OSError, pa.ArrowException) as exc:
         raise ShardFormatError(f"cannot read table: {exc}", where=path) from exc
+
+
+def write_table(path: str, table: pa.Table, mode: int | None = None) -> None:
+    """Write ``table`` as one uncompressed Arrow IPC file (a single record batch), atomically.
+
+    The file is written under a temporary name beside ``path`` and renamed, so
+    readers see the old file or the whole new one.  ``mode`` sets its permission
+    bits (default: as the umask makes them).
+    """
+    partial = f"{path}.{os.getpid()}.partial"
+    try:
+        with pa.OSFile(partial, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=max(table.num_rows, 1))
+        if mode is not None:
+            os.chmod(partial, mode)
+        os.replace(partial, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
 
 
 def int_column(table: pa.Table, name: str) -> npt.NDArray[np.int64]:

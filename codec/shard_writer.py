@@ -21,6 +21,7 @@ from cutfs.codec.shard_format import (
     RECORDINGS_SCHEMA,
     SHARD_SCHEMA,
     shard_file_name,
+    write_table,
 )
 
 DEFAULT_SHARD_BYTES = 1 << 30
@@ -63,7 +64,7 @@ class ShardWriter:
         """Write the recordings and cuts tables and the manifest."""
         self._close_shard()
         recordings = pa.Table.from_pylist(self._rows, schema=RECORDINGS_SCHEMA)
-        _write_table(os.path.join(self._directory, RECORDINGS_FILE), recordings)
+        write_table(os.path.join(self._directory, RECORDINGS_FILE), recordings)
         cut_table = pa.Table.from_pydict(
             {
                 "cut_id": [cut.cut_id for cut in cuts],
@@ -75,7 +76,7 @@ class ShardWriter:
             },
             schema=CUTS_SCHEMA,
         )
-        _write_table(os.path.join(self._directory, CUTS_FILE), cut_table)
+        write_table(os.path.join(self._directory, CUTS_FILE), cut_table)
         manifest = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -148,8 +149,3 @@ def recording_row(
         "seek_samples": recording.seek_index.samples,
         "seek_byte_offsets": recording.seek_index.byte_offsets,
     }
-
-
-def _write_table(path: str, table: pa.Table) -> None:
-    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)

@@ -60,7 +60,7 @@ from cutfs.codec.limits import (
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
 from cutfs.codec.recording_indexer import index_recording
-from cutfs.codec.shard_format import RECORDINGS_SCHEMA, int_column, read_table
+from cutfs.codec.shard_format import RECORDINGS_SCHEMA, int_column, read_table, write_table
 from cutfs.codec.shard_set import recording_from_row
 from cutfs.codec.shard_writer import recording_row
 from cutfs.codec.source_policy import SourcePolicy, check_may_run_commands_here
@@ -177,8 +177,8 @@ def prepare_index(source: str, cache_root: str, policy: SourcePolicy | None = No
     try:
         private_directory(directory)
         private_directory(os.path.join(directory, _PLANS))
-        _write_table(os.path.join(directory, _RECORDINGS), _recordings_table(catalogue))
-        _write_table(os.path.join(directory, _CUTS), _cuts_table(catalogue))
+        write_table(os.path.join(directory, _RECORDINGS), _recordings_table(catalogue), 0o600)
+        write_table(os.path.join(directory, _CUTS), _cuts_table(catalogue), 0o600)
         info = {
             "format": INDEX_FORMAT,
             "version": INDEX_VERSION,
@@ -635,7 +635,7 @@ class SourceIndex:
         row = recording_row(indexed.recording, -1, -1, length, path)
         row["blob_offset"] = offset
         table = pa.Table.from_pylist([row], schema=_PLAN_SCHEMA)
-        _write_table(plan_path, table)
+        write_table(plan_path, table, 0o600)
         self._blobs[recording_index] = (path, offset, offset + length)
         self._blob_stamps[recording_index] = file_stamp(path)
         return indexed.recording
@@ -805,13 +805,6 @@ def _read_index_file(directory: str) -> dict[str, Any] | None:
     if not isinstance(info, dict) or info.get("format") != INDEX_FORMAT:
         return None
     return info
-
-
-def _write_table(path: str, table: pa.Table) -> None:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    _write_atomically(path, sink.getvalue().to_pybytes())
 
 
 def _write_atomically(path: str, data: bytes) -> None:
