@@ -310,38 +310,45 @@ def _clashing_items(paths: pa.Array) -> list[int]:
 
     A clash is a file where another item needs a directory.  The first item
     to claim the name keeps it: a later file is escaped, or, when the file
-    came first, every item below the directory it would need.
+    came first, every item below the directory it would need.  The work is a
+    few vectorised passes per directory level, however many clashes there are
+    (ids come from other people: a scan per clash would be quadratic).
     """
-    directories = _directory_prefixes(paths)
-    if len(directories) == 0:
+    levels = _directory_levels(paths)
+    if not levels:
         return []
-    files = np.flatnonzero(
-        np.asarray(pc.is_in(paths, value_set=directories).to_numpy(zero_copy_only=False))
-    )
-    losers: set[int] = set()
-    for file_item in files.tolist():
-        directory = paths[file_item].as_py() + "/"
-        below = np.flatnonzero(
-            np.asarray(pc.starts_with(paths, directory).to_numpy(zero_copy_only=False))
-        )
-        if below[0] < file_item:
-            losers.add(file_item)
-        else:
-            losers.update(below.tolist())
+    directories = pa.concat_arrays([unique for _, _, unique, _ in levels])
+    first_claims = np.concatenate([first for _, _, _, first in levels])
+    position = np.asarray(pc.index_in(paths, value_set=directories).to_numpy(zero_copy_only=False))
+    files = np.flatnonzero(~np.isnan(position.astype(np.float64)))
+    if len(files) == 0:
+        return []
+    claimed_by = first_claims[position[files].astype(np.int64)]
+    losers = set(files[claimed_by < files].tolist())  # the directory came first
+    lost = pc.take(paths, pa.array(files[claimed_by > files]))  # the file came first
+    if len(lost):
+        for items, prefixes, _, _ in levels:
+            below = np.asarray(pc.is_in(prefixes, value_set=lost).to_numpy(zero_copy_only=False))
+            losers.update(items[below].tolist())
     return sorted(losers)
 
 
-def _directory_prefixes(paths: pa.Array) -> pa.Array:
-    """Every distinct directory the paths need (``a`` and ``a/b`` for ``a/b/c.wav``)."""
+def _directory_levels(
+    paths: pa.Array,
+) -> list[tuple[npt.NDArray[np.int64], pa.Array, pa.Array, npt.NDArray[np.int64]]]:
+    """Per directory level: the items deep enough, their prefix at that level, the distinct
+    prefixes (directories), and the first item needing each."""
     parts = pc.split_pattern(paths, "/")
     depth = np.asarray(pc.list_value_length(parts).to_numpy(zero_copy_only=False), np.int64)
     separator = pa.scalar("/", pa.large_string())
-    found = [pa.array([], pa.large_string())]
+    levels = []
     for level in range(1, int(depth.max()) if len(paths) else 1):
         items = np.flatnonzero(depth > level)
         prefixes = pc.binary_join(pc.list_slice(parts.take(items), 0, level), separator)
-        found.append(pc.unique(prefixes))
-    return pa.concat_arrays(found)
+        unique = pc.unique(prefixes)
+        first = items[np.asarray(pc.index_in(unique, value_set=prefixes).to_numpy())]
+        levels.append((items, prefixes, unique, first))
+    return levels
 
 
 def _name_bytes(name: str) -> bytes:

@@ -114,3 +114,16 @@ def test_any_ids_give_unique_reversible_paths_that_resolve(tmp_path: Path, ids: 
     tree = FileTree(str(tmp_path / "t"))
     for item, path in enumerate(paths):
         assert _resolve(tree, path) == item
+
+
+def test_many_clashes_resolve_each_in_favour_of_the_first_claim() -> None:
+    """Hostile ids clash in bulk: every pair resolves, by the same rule as a single one."""
+    pairs = 5000
+    ids = [f"k{n}" for n in range(pairs)] + [f"k{n}.wav/x" for n in range(pairs)]
+    ids += [f"d{n}.wav/x" for n in range(pairs)] + [f"d{n}" for n in range(pairs)]
+    paths = served_paths(ids).to_pylist()
+    assert paths[:pairs] == [f"k{n}.wav" for n in range(pairs)]  # first: kept
+    assert all(path.startswith("%") for path in paths[pairs : 2 * pairs])  # needed a file's name
+    assert paths[2 * pairs : 3 * pairs] == [f"d{n}.wav/x.wav" for n in range(pairs)]
+    assert all(path.startswith("%") for path in paths[3 * pairs :])
+    assert [unescape_path(path) for path in paths] == ids
