@@ -3,40 +3,70 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutfs.codec.shard_format import int_column
+from cutfs.codec.mapped_table import BinaryColumn, ListColumn, StringColumn, int_view, single_chunk
+
+#: Metadata fields whose presence the manifests ask about (``text``, speaker maps).
+MENTIONED_FIELDS: Final = ("text", "speaker")
 
 
 class CutTable:
     """Read access to the shared columns of a cuts table (``cut_id``, ``recording``,
-    ``channels``, ``metadata``); the time columns differ and stay with their owner."""
+    ``channels``, ``metadata``); the time columns differ and stay with their owner.
 
-    def __init__(self, table: pa.Table) -> None:
-        self.ids: list[str] = table.column("cut_id").to_pylist()
-        self.recordings: npt.NDArray[np.int64] = int_column(table, "recording")
-        channels = table.column("channels").combine_chunks()
-        self._channel_offsets = np.asarray(channels.offsets, dtype=np.int64)
-        self._channel_values = np.asarray(channels.flatten(), dtype=np.int64)
-        self._metadata = table.column("metadata")
+    Columns are read in place (see :mod:`cutfs.codec.mapped_table`): no Python
+    object is made per cut until that cut is asked for.
+    """
+
+    def __init__(self, table: pa.Table, mentions: Mapping[str, bool] | None = None) -> None:
+        """``mentions`` says, per field of :data:`MENTIONED_FIELDS`, whether any cut's
+        metadata has it, as recorded when the table was written; without it
+        :meth:`metadata_mentions` scans the metadata column."""
+        self.ids = StringColumn.of(table, "cut_id")
+        self.recordings: npt.NDArray[np.int64] = int_view(table, "recording")
+        self._channels = ListColumn.of(table, "channels")
+        self._metadata_array = single_chunk(table, "metadata")
+        self._metadata = BinaryColumn(self._metadata_array)
+        self._mentions = dict(mentions or {})
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
     def channels(self, index: int) -> tuple[int, ...]:
         """The recording channels a cut carries; empty for all of them."""
-        start, end = self._channel_offsets[index], self._channel_offsets[index + 1]
-        return tuple(int(channel) for channel in self._channel_values[start:end])
+        return tuple(int(channel) for channel in self._channels[index])
 
     def metadata_json(self, index: int) -> str:
-        return str(self._metadata[index].as_py())
+        return self._metadata[index].decode("utf-8", "surrogateescape")
 
     def metadata(self, index: int) -> dict[str, Any]:
-        metadata = json.loads(self.metadata_json(index))
+        try:
+            metadata = json.loads(self._metadata[index])
+        except ValueError:
+            return {}
         return metadata if isinstance(metadata, dict) else {}
 
-    def metadata_mentions(self, text: str) -> bool:
-        """Whether any cut's metadata JSON contains ``text`` (vectorised: no parsing)."""
-        return bool(pc.any(pc.match_substring(self._metadata, text)).as_py())
+    def metadata_mentions(self, field: str) -> bool:
+        """Whether any cut's metadata JSON has the key ``field`` (recorded, or a vectorised
+        scan of the column: no parsing)."""
+        known = self._mentions.get(field)
+        if known is not None:
+            return known
+        pattern = json.dumps(field) + ":"
+        return bool(pc.any(pc.match_substring(self._metadata_array, pattern)).as_py() or False)
+
+
+def mentions_of(metadata: pa.Array | pa.ChunkedArray) -> dict[str, bool]:
+    """Per field of :data:`MENTIONED_FIELDS`, whether the metadata JSON texts mention it."""
+    found = {}
+    for field in MENTIONED_FIELDS:
+        pattern = json.dumps(field) + ":"
+        found[field] = bool(pc.any(pc.match_substring(metadata, pattern)).as_py() or False)
+    return found

@@ -27,9 +27,8 @@ name keeps it and later ones are escaped whole (``escape_id(force=True)``).
 
 from __future__ import annotations
 
-import mmap
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, overload
 
@@ -39,13 +38,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutfs.codec.errors import ShardFormatError, SourceError
-from cutfs.codec.path_escape import escape_id, unescape_path
+from cutfs.codec.mapped_table import BinaryColumn, int_view, read_mapped, single_chunk
+from cutfs.codec.path_escape import PLAIN_ID_PATTERN, SUFFIX, escape_id, unescape_path
 from cutfs.codec.shard_format import write_table
 
 ROOT: Final = 0
 _ENTRIES: Final = ".entries.arrow"
 _DIRECTORIES: Final = ".directories.arrow"
 _PATHS: Final = ".paths.arrow"
+#: The files a tree of prefix ``p`` is made of: ``p + suffix`` for each.
+TREE_FILES: Final = (_ENTRIES, _DIRECTORIES, _PATHS)
 #: Ids escaped per Arrow chunk.
 _BATCH: Final = 1 << 20
 
@@ -81,22 +83,16 @@ class Entry:
         return self.child >= 0
 
 
-def served_paths(ids: Iterable[str]) -> pa.Array:
+def served_paths(ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> pa.Array:
     """The relative path of every id (a large_string array), clashes resolved.
 
-    Ids are escaped in batches into Arrow memory (no Python string per id is
-    kept); clashes are found with vectorised kernels and, being rare,
-    resolved one by one (see the module docstring).
+    Plain ids (the common case: see :mod:`cutfs.codec.path_escape`) get their
+    ``.wav`` with one vectorised kernel per batch; others are escaped one by
+    one.  No Python string per id is kept.  Clashes are found with vectorised
+    kernels and, being rare, resolved one by one (see the module docstring).
     """
-    chunks: list[pa.Array] = []
-    batch: list[str] = []
-    for identifier in ids:
-        batch.append(escape_id(identifier))
-        if len(batch) == _BATCH:
-            chunks.append(pa.array(batch, pa.large_string()))
-            batch = []
-    chunks.append(pa.array(batch, pa.large_string()))
-    paths = pa.concat_arrays(chunks)
+    chunks = list(_path_batches(ids))
+    paths = pa.concat_arrays(chunks) if chunks else pa.array([], pa.large_string())
     for _ in range(3):  # escaped paths start with "%", which no plain path does
         losers = _clashing_items(paths)
         if not losers:
@@ -108,9 +104,45 @@ def served_paths(ids: Iterable[str]) -> pa.Array:
     raise SourceError(f"ids give clashing paths, for example {paths[losers[0]].as_py()!r}")
 
 
-def write_file_tree(prefix: str, paths: Sequence[str] | pa.Array) -> None:
+def _path_batches(ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> Iterator[pa.Array]:
+    """Escaped paths of ids (before clashes), as large_string arrays of :data:`_BATCH` values.
+
+    Python ids are escaped one by one (they may hold surrogates, which Arrow
+    cannot); Arrow ids with vectorised kernels.
+    """
+    if isinstance(ids, pa.ChunkedArray | pa.Array):
+        ids = ids.cast(pa.large_string())
+        for start in range(0, len(ids), _BATCH):
+            piece = ids.slice(start, _BATCH)
+            yield _escaped(piece.combine_chunks() if isinstance(piece, pa.ChunkedArray) else piece)
+        return
+    batch: list[str] = []
+    for identifier in ids:
+        batch.append(escape_id(identifier))
+        if len(batch) == _BATCH:
+            yield pa.array(batch, pa.large_string())
+            batch = []
+    yield pa.array(batch, pa.large_string())
+
+
+def _escaped(ids: pa.Array) -> pa.Array:
+    """``escape_id`` of every id of a large_string array: one kernel for the plain ones."""
+    plain = pc.match_substring_regex(ids, PLAIN_ID_PATTERN)
+    suffix = pa.scalar(SUFFIX, pa.large_string())
+    paths = pc.binary_join_element_wise(ids, suffix, pa.scalar("", pa.large_string()))
+    if pc.all(plain).as_py() is not False:
+        return paths
+    others = np.flatnonzero(~np.asarray(plain.to_numpy(zero_copy_only=False), dtype=bool))
+    escaped = [escape_id(identifier) for identifier in ids.take(pa.array(others)).to_pylist()]
+    replacement = np.zeros(len(ids), dtype=np.int64)
+    replacement[others] = np.arange(len(others))
+    return pc.if_else(plain, paths, pa.array(escaped, pa.large_string()).take(replacement))
+
+
+def write_file_tree(prefix: str, paths: Sequence[str] | pa.Array, mode: int | None = None) -> None:
     """Write the tree of ``paths`` (item ``i`` at ``paths[i]``, as :func:`served_paths` makes
-    them) to ``<prefix>.entries.arrow``, ``.directories.arrow`` and ``.paths.arrow``.
+    them) to ``<prefix>.entries.arrow``, ``.directories.arrow`` and ``.paths.arrow``, with
+    permission bits ``mode`` (default: as the umask makes them).
 
     Built with Arrow's vectorised kernels, level by level of directories: memory is a few
     times the paths' own bytes, whatever their number.
@@ -154,9 +186,9 @@ def write_file_tree(prefix: str, paths: Sequence[str] | pa.Array) -> None:
     children = np.asarray(entries.column("child").to_numpy(), dtype=np.int64)
     subdirectories = np.bincount(directory_column[children >= 0], minlength=len(parent))
     directories = pa.table([first, end - first, parent, subdirectories], schema=_DIRECTORY_SCHEMA)
-    write_table(prefix + _ENTRIES, entries.combine_chunks())
-    write_table(prefix + _DIRECTORIES, directories)
-    write_table(prefix + _PATHS, pa.table([path_array], schema=_PATH_SCHEMA))
+    write_table(prefix + _ENTRIES, entries.combine_chunks(), mode)
+    write_table(prefix + _DIRECTORIES, directories, mode)
+    write_table(prefix + _PATHS, pa.table([path_array], schema=_PATH_SCHEMA), mode)
 
 
 def _entry_table(
@@ -185,17 +217,17 @@ class FileTree:
 
     def __init__(self, prefix: str) -> None:
         self._prefix = prefix
-        entries = _read_mapped(prefix + _ENTRIES, _ENTRY_SCHEMA)
-        directories = _read_mapped(prefix + _DIRECTORIES, _DIRECTORY_SCHEMA)
-        paths = _read_mapped(prefix + _PATHS, _PATH_SCHEMA)
-        self._names = _BinaryColumn(_single_chunk(entries, "name"))
-        self._children = _int_view(entries, "child")
-        self._items = _int_view(entries, "item")
-        self._first = _int_view(directories, "first_entry")
-        self._counts = _int_view(directories, "entry_count")
-        self._parents = _int_view(directories, "parent")
-        self._subdirectories = _int_view(directories, "subdirectories")
-        self._paths = _BinaryColumn(_single_chunk(paths, "path"))
+        entries = read_mapped(prefix + _ENTRIES, _ENTRY_SCHEMA)
+        directories = read_mapped(prefix + _DIRECTORIES, _DIRECTORY_SCHEMA)
+        paths = read_mapped(prefix + _PATHS, _PATH_SCHEMA)
+        self._names = BinaryColumn(single_chunk(entries, "name"))
+        self._children = int_view(entries, "child")
+        self._items = int_view(entries, "item")
+        self._first = int_view(directories, "first_entry")
+        self._counts = int_view(directories, "entry_count")
+        self._parents = int_view(directories, "parent")
+        self._subdirectories = int_view(directories, "subdirectories")
+        self._paths = BinaryColumn(single_chunk(paths, "path"))
         self._check(len(entries))
 
     @property
@@ -237,6 +269,35 @@ class FileTree:
             raise ShardFormatError(f"file tree row {row} is inconsistent", where=self._prefix)
         return Entry(self._names[row], child, item)
 
+    def find(self, path: str) -> int | None:
+        """The item served at a relative path (``a/b.wav``), or ``None``."""
+        directory = ROOT
+        *directories, name = path.split("/")
+        for component in directories:
+            entry = self.lookup(directory, _name_bytes(component))
+            if entry is None or not entry.is_directory:
+                return None
+            directory = entry.child
+        entry = self.lookup(directory, _name_bytes(name))
+        return None if entry is None or entry.is_directory else entry.item
+
+    def find_directory(self, path: str) -> int | None:
+        """The directory at a relative path (``""`` is the root), or ``None``."""
+        directory = ROOT
+        for component in path.split("/") if path else ():
+            entry = self.lookup(directory, _name_bytes(component))
+            if entry is None or not entry.is_directory:
+                return None
+            directory = entry.child
+        return directory
+
+    def item_directory(self, item: int) -> int:
+        """The directory holding an item's file (a walk down its path: for ``..``, not hot)."""
+        directory = self.find_directory(self.path(item).rpartition("/")[0])
+        if directory is None:
+            raise ShardFormatError(f"item {item}'s path is not in the tree", where=self._prefix)
+        return directory
+
     def path(self, item: int) -> str:
         """The relative path of an item's file (``a/b.wav``)."""
         return self._paths[item].decode("utf-8", "surrogateescape")
@@ -276,33 +337,6 @@ class _Listing(Sequence[Entry]):
         if not 0 <= position < self._count:
             raise IndexError(position)
         return self._tree.entry_at(self._first + position)
-
-
-class _BinaryColumn(Sequence[bytes]):
-    """A binary or string Arrow array read in place: value ``i`` as bytes, nothing decoded."""
-
-    def __init__(self, array: pa.Array) -> None:
-        _, offsets, values = array.buffers()[:3]
-        self._offsets = np.frombuffer(offsets, dtype=np.int64)[
-            array.offset : array.offset + len(array) + 1
-        ]
-        self._values = memoryview(values) if values is not None else memoryview(b"")
-        self._length = len(array)
-
-    def __len__(self) -> int:
-        return self._length
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[bytes]: ...
-
-    def __getitem__(self, index: int | slice) -> bytes | Sequence[bytes]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self._length))]
-        start, end = int(self._offsets[index]), int(self._offsets[index + 1])
-        return bytes(self._values[start:end])
 
 
 def _clashing_items(paths: pa.Array) -> list[int]:
@@ -353,39 +387,3 @@ def _directory_levels(
 
 def _name_bytes(name: str) -> bytes:
     return name.encode("utf-8", "surrogateescape")
-
-
-def _single_chunk(table: pa.Table, name: str) -> pa.Array:
-    """A column's one chunk, in place (``combine_chunks`` and ``to_numpy`` touch or copy
-    every page of a mapped column: a catalogue of millions would be read whole)."""
-    column = table.column(name)
-    if column.num_chunks == 0:
-        return pa.array([], type=column.type)
-    if column.num_chunks != 1 or column.null_count:
-        raise ShardFormatError(f"column {name!r} is not one chunk without nulls")
-    return column.chunk(0)
-
-
-def _int_view(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
-    array = _single_chunk(table, name)
-    width = np.dtype(array.type.to_pandas_dtype())
-    values = np.frombuffer(array.buffers()[1], dtype=width)[
-        array.offset : array.offset + len(array)
-    ]
-    return values if width == np.int64 else values.astype(np.int64)
-
-
-def _read_mapped(path: str, schema: pa.Schema) -> pa.Table:
-    """A table over a read-only map of ``path``, advised random access: a lookup faults in
-    the pages it reads, not the kernel's read-ahead around each (128 KiB or more)."""
-    try:
-        with open(path, "rb") as file:
-            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-        if hasattr(mmap, "MADV_RANDOM"):
-            mapped.madvise(mmap.MADV_RANDOM)
-        table = pa.ipc.open_file(pa.py_buffer(mapped)).read_all()
-    except (OSError, pa.ArrowException) as exc:
-        raise ShardFormatError(f"cannot read the file tree: {exc}", where=path) from exc
-    if not table.schema.equals(schema):
-        raise ShardFormatError("the file tree has another schema", where=path)
-    return table

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from cutfs.codec.cut import Cut
 from cutfs.codec.decoder import DecodeTrace
+from cutfs.codec.file_tree import FileTree
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
 from cutfs.codec.source_policy import SourcePolicy
@@ -51,6 +52,11 @@ class Library(Protocol):
     @property
     def num_cuts(self) -> int: ...
 
+    def trees(self) -> tuple[FileTree, FileTree]:
+        """The file trees of the cut files and the recording files (cut ``i`` and
+        recording ``r`` are the trees' items)."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """What ``.cutfs/stats`` shows about the library."""
         ...
@@ -75,8 +81,8 @@ class Library(Protocol):
         """The recording a cut is of (known without indexing)."""
         ...
 
-    def metadata_mentions(self, text: str) -> bool:
-        """Whether any cut's metadata (as JSON text) contains ``text``."""
+    def metadata_mentions(self, field: str) -> bool:
+        """Whether any cut's metadata has the field ``field``."""
         ...
 
     def cut_metadata(self, index: int) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from cutfs.codec.cut import Cut, seconds_to_frames
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.recording import Recording
 from cutfs.codec.recording_indexer import IndexedRecording, index_recording
-from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES, ShardWriter
+from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES, ShardWriter, cuts_table
 from cutfs.codec.sources import SourceCatalogue, SourceCut, SourceRecording, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 
@@ -135,13 +135,13 @@ def _pack_into(
             on_progress(
                 PackProgress(len(recordings), total, report.stored_bytes, report.audio_seconds)
             )
-    cuts = [_cut(source_cut, recordings) for source_cut in catalogue.cuts]
+    cuts = cuts_table(_cut(source_cut, recordings) for source_cut in catalogue.cuts)
     writer.finish(
         cuts,
         {"created_by": "cutfs", "source": catalogue.kind, "transcoded": len(report.transcoded)},
     )
     report.recordings = len(recordings)
-    report.cuts = len(cuts)
+    report.cuts = cuts.num_rows
     return report
 
 

@@ -59,7 +59,10 @@ def unescape_path(path: str) -> str:
 #: Ids made of short components of ASCII letters, digits, "_", "-" and "." (not first):
 #: safe by construction (non-empty, not "." or "..", no NUL or "%", under 255 bytes).  The
 #: common case, checked in one regex call: a million ids build a tree in a second.
-_PLAIN_ID: Final = re.compile(r"[\w\-][\w.\-]{0,200}(?:/[\w\-][\w.\-]{0,200})*", re.ASCII)
+PLAIN_ID_PATTERN: Final = (
+    r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,200}(?:/[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,200})*$"
+)
+_PLAIN_ID: Final = re.compile(PLAIN_ID_PATTERN)
 
 
 def _is_safe(identifier: str) -> bool:

@@ -1,20 +1,30 @@
-"""The on-disk format of a shard directory, version 1.
+"""The on-disk format of a shard directory, version 2.
 
 A shard directory holds:
 
 ``manifest.json``
-    ``{"format": "cutfs-shards", "version": 1, "shards": [...], ...}``,
-    written last: a directory without it is not a shard directory.
+    ``{"format": "cutfs-shards", "version": 2, "shards": [{"file", "bytes",
+    "recordings"}, ...], "mentions": {...}, ...}``, written last: a directory
+    without it is not a shard directory.
 ``shard-NNNNN.arrow``
     Arrow IPC files (uncompressed, so blobs can be memory-mapped and sliced
     without a copy) with columns ``recording_id`` and ``blob``; each record
     batch holds one recording's encoded bytes, unchanged from the source
     unless the recording was transcoded to FLAC.
 ``recordings.arrow``
-    One row per recording: where its blob is and its decoding plan
+    One row per recording: its shard, the absolute byte offset
+    (``blob_offset``) and length of its bytes there, and its decoding plan
     (:class:`cutfs.codec.recording.Recording`), seek index included.
 ``cuts.arrow``
     One row per cut: its id, recording, frame range, channels and metadata.
+``cuts.{entries,directories,paths}.arrow``, ``recordings.{...}.arrow``
+    The directory trees of the cut and recording files
+    (:mod:`cutfs.codec.file_tree`), searched in place by a mount.
+
+Every table is one record batch, so a reader maps the file and reads
+columns in place (:mod:`cutfs.codec.mapped_table`).  Version 1 lacked
+``blob_offset`` and the trees: a mount finds blobs through the shards'
+Arrow metadata and builds the trees when it opens such a directory.
 """
 
 from __future__ import annotations
@@ -30,10 +40,15 @@ import pyarrow as pa
 from cutfs.codec.errors import ShardFormatError
 
 FORMAT_NAME: Final = "cutfs-shards"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+#: Versions this cutfs mounts.
+READABLE_VERSIONS: Final = (1, 2)
 MANIFEST_FILE: Final = "manifest.json"
 RECORDINGS_FILE: Final = "recordings.arrow"
 CUTS_FILE: Final = "cuts.arrow"
+#: Prefixes of the file trees (:func:`cutfs.codec.file_tree.write_file_tree`).
+CUTS_TREE: Final = "cuts"
+RECORDINGS_TREE: Final = "recordings"
 
 
 def shard_file_name(number: int) -> str:
@@ -65,6 +80,7 @@ RECORDINGS_SCHEMA: Final = pa.schema(
         ("transcoded_from", pa.string()),
         ("seek_samples", pa.large_list(pa.int64())),
         ("seek_byte_offsets", pa.large_list(pa.int64())),
+        ("blob_offset", pa.int64()),
     ]
 )
 

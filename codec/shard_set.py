@@ -6,32 +6,35 @@ import contextlib
 import hashlib
 import json
 import os
+import tempfile
 import time
-from fractions import Fraction
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from cutfs.codec.catalogue_copy import catalogue_directory
 from cutfs.codec.cut import Cut
 from cutfs.codec.cut_table import CutTable
 from cutfs.codec.decoder import DecodeTrace, decode_frames
 from cutfs.codec.errors import ShardFormatError
+from cutfs.codec.file_tree import TREE_FILES, FileTree, served_paths, write_file_tree
 from cutfs.codec.library import AudioShape
-from cutfs.codec.limits import check_shape
+from cutfs.codec.mapped_table import int_view, read_mapped
 from cutfs.codec.pcm import Int16Array, sample_bytes
-from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording
-from cutfs.codec.seek_index import SeekIndex
+from cutfs.codec.recording import DecodeMethod, Recording
+from cutfs.codec.recording_table import RecordingTable
 from cutfs.codec.shard_format import (
     CUTS_FILE,
     CUTS_SCHEMA,
+    CUTS_TREE,
     FORMAT_NAME,
-    FORMAT_VERSION,
     MANIFEST_FILE,
+    READABLE_VERSIONS,
     RECORDINGS_FILE,
-    int_column,
-    read_table,
+    RECORDINGS_TREE,
 )
 from cutfs.codec.storage import LocalStorage, Storage, file_stamp
 
@@ -39,41 +42,54 @@ from cutfs.codec.storage import LocalStorage, Storage, file_stamp
 class ShardSet:
     """An opened shard directory.
 
-    Opening reads the manifest and the two tables and checks that they agree
-    with each other; blobs are located lazily, on first use, and handed out as
-    ``memoryview`` slices of the memory-mapped shard: reading a cut touches
-    only the pages the decoder asks for.
+    Opening reads the manifest and maps the tables (:mod:`cutfs.codec.mapped_table`):
+    nothing is made per cut or per recording until it is asked for.  Numbers
+    are checked where they are used (a cut's frame range against its
+    recording when the cut is served, a recording's seek index when its plan
+    is built); blobs are handed out as ``memoryview`` slices of the
+    memory-mapped shard, so reading a cut touches only the pages the decoder
+    asks for.
     """
 
     def __init__(
-        self, directory: str, storage: Storage | None = None, *, load_cuts: bool = True
+        self,
+        directory: str,
+        storage: Storage | None = None,
+        *,
+        load_cuts: bool = True,
+        cache_root: str | None = None,
     ) -> None:
-        """Open a shard directory; ``load_cuts=False`` skips the cuts table (decoding only)."""
+        """Open a shard directory; ``load_cuts=False`` skips the cuts table (decoding only).
+
+        With ``cache_root``, a catalogue on network storage is mapped from a local copy
+        (:mod:`cutfs.codec.catalogue_copy`).
+        """
         self.directory = directory
         self.storage: Storage = storage or LocalStorage(directory)
         self.manifest = _read_manifest(directory)
+        self.version = int(self.manifest["version"])
         self._shard_names = [str(shard["file"]) for shard in self.manifest["shards"]]
-        recordings = read_table(os.path.join(directory, RECORDINGS_FILE))
-        self._blob_places = list(
-            zip(
-                recordings.column("shard").to_pylist(),
-                recordings.column("batch").to_pylist(),
-                recordings.column("stored_bytes").to_pylist(),
-                strict=True,
-            )
+        tables = catalogue_directory(directory, cache_root) if load_cuts else directory
+        self._tables = tables
+        self._recordings = RecordingTable(
+            read_mapped(os.path.join(tables, RECORDINGS_FILE)),
+            len(self._shard_names),
+            directory,
         )
-        self.recordings = [recording_from_row(row) for row in recordings.to_pylist()]
-        self._recording_ids = [recording.recording_id for recording in self.recordings]
-        self.recording_sources: list[str] = recordings.column("source").to_pylist()
-        cuts = read_table(os.path.join(directory, CUTS_FILE)) if load_cuts else _empty_cuts()
-        self._cuts = CutTable(cuts)
-        self.cut_ids = self._cuts.ids
-        self.cut_recordings = self._cuts.recordings
-        self.cut_start_frames: npt.NDArray[np.int64] = int_column(cuts, "start_frame")
-        self.cut_num_frames: npt.NDArray[np.int64] = int_column(cuts, "num_frames")
+        self._cuts: CutTable | None = None
+        self.cut_start_frames: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self.cut_num_frames: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        if load_cuts:
+            cuts = read_mapped(os.path.join(tables, CUTS_FILE), CUTS_SCHEMA)
+            mentions = self.manifest.get("mentions")
+            self._cuts = CutTable(cuts, mentions if isinstance(mentions, dict) else None)
+            self.cut_start_frames = int_view(cuts, "start_frame")
+            self.cut_num_frames = int_view(cuts, "num_frames")
+        self._trees: tuple[FileTree, FileTree] | None = None
+        if load_cuts:
+            self.trees()  # a catalogue that cannot be read is refused at open
         self._readers: dict[int, tuple[memoryview, Any]] = {}
         self._blobs: dict[int, tuple[int, int, int]] = {}
-        self._check()
         self._shard_stamps = [file_stamp(os.path.join(directory, n)) for n in self._shard_names]
         self.identity = _identity(directory, self._shard_stamps)
 
@@ -89,66 +105,122 @@ class ShardSet:
 
     @property
     def num_cuts(self) -> int:
-        return len(self.cut_ids)
+        return len(self._cut_table().ids)
 
     @property
-    def recording_ids(self) -> list[str]:
-        return self._recording_ids
+    def cut_ids(self) -> Sequence[str]:
+        return self._cut_table().ids
+
+    @property
+    def recording_ids(self) -> Sequence[str]:
+        return self._recordings.ids
+
+    @property
+    def recordings(self) -> RecordingTable:
+        """Every recording's plan, built as it is read (a lazy sequence)."""
+        return self._recordings
+
+    @property
+    def recording_sources(self) -> Sequence[str]:
+        return self._recordings.sources
+
+    def trees(self) -> tuple[FileTree, FileTree]:
+        """The file trees of the cuts and the recordings, opened on first use.
+
+        Format 1 directories have none: they are built once, in a private
+        temporary directory that is removed as soon as they are mapped.
+        """
+        if self._trees is None:
+            if self.version >= 2:
+                self._trees = (
+                    FileTree(os.path.join(self._tables, CUTS_TREE)),
+                    FileTree(os.path.join(self._tables, RECORDINGS_TREE)),
+                )
+            else:
+                self._trees = _built_trees(self.cut_ids, self.recording_ids)
+        return self._trees
 
     def describe(self) -> dict[str, Any]:
         return {
             "directory": os.path.abspath(self.directory),
-            "recordings": len(self.recordings),
+            "format_version": self.version,
+            "recordings": len(self._recordings),
             "cuts": self.num_cuts,
         }
 
+    def recording(self, recording_index: int) -> Recording:
+        """A recording's plan (built on first use, kept in a bounded cache)."""
+        return self._recordings.recording(recording_index)
+
     def shape(self, recording_index: int) -> AudioShape:
-        recording = self.recordings[recording_index]
-        return AudioShape(recording.sample_rate, recording.channels, recording.num_frames)
+        return self._recordings.shape(recording_index)
 
     def frame_limit(self, recording_index: int) -> int:
-        return self.recordings[recording_index].num_frames
+        return int(self._recordings.num_frames[recording_index])
 
     def index(self, recording_index: int) -> Recording:
         """Plans were computed by ``pack``: nothing to do."""
-        return self.recordings[recording_index]
+        return self.recording(recording_index)
 
     def adopt(self, recording_index: int, recording: Recording) -> None:
         """Plans were computed by ``pack``: nothing to take."""
 
     def cut_recording(self, index: int) -> int:
-        return int(self.cut_recordings[index])
+        return int(self._cut_table().recordings[index])
 
-    def metadata_mentions(self, text: str) -> bool:
-        return self._cuts.metadata_mentions(text)
+    def metadata_mentions(self, field: str) -> bool:
+        return self._cut_table().metadata_mentions(field)
 
     def cut_metadata(self, index: int) -> dict[str, Any]:
-        return self._cuts.metadata(index)
+        return self._cut_table().metadata(index)
 
     def cut(self, index: int) -> Cut:
-        """The cut at ``index`` of the cuts table."""
+        """The cut at ``index`` of the cuts table, its numbers checked against its recording."""
+        table = self._cut_table()
+        recording = int(table.recordings[index])
+        start, frames = int(self.cut_start_frames[index]), int(self.cut_num_frames[index])
+        if not (
+            0 <= recording < len(self._recordings)
+            and start >= 0
+            and frames >= 0
+            and start + frames <= self._recordings.num_frames[recording]
+        ):
+            raise ShardFormatError(
+                f"cut {table.ids[index]!r} lies outside its recording", where=self.directory
+            )
+        channels = table.channels(index)
+        if any(not 0 <= channel < self._recordings.channels[recording] for channel in channels):
+            raise ShardFormatError(
+                f"cut {table.ids[index]!r} asks for channels its recording lacks",
+                where=self.directory,
+            )
         return Cut(
-            cut_id=self.cut_ids[index],
-            recording_index=int(self.cut_recordings[index]),
-            start_frame=int(self.cut_start_frames[index]),
-            num_frames=int(self.cut_num_frames[index]),
-            channels=self.cut_channels(index),
-            metadata_json=self._cuts.metadata_json(index),
+            cut_id=table.ids[index],
+            recording_index=recording,
+            start_frame=start,
+            num_frames=frames,
+            channels=channels,
+            metadata_json=table.metadata_json(index),
         )
 
     def cut_channels(self, index: int) -> tuple[int, ...]:
         """The recording channels a cut carries; empty for all of them."""
-        return self._cuts.channels(index)
+        return self._cut_table().channels(index)
 
     def blob(self, recording_index: int) -> memoryview:
         """The stored bytes of a recording, as a view of the mapped shard (no copy)."""
         shard, start, end = self._place(recording_index)
-        return self._shard(shard)[0][start:end]
+        return self._shard_view(shard)[start:end]
 
     def blob_location(self, recording_index: int) -> tuple[str, int, int]:
         """Where a recording's bytes are: the shard file name and the byte range in it."""
         shard, start, end = self._place(recording_index)
         return self._shard_names[shard], start, end
+
+    def _cut_table(self) -> CutTable:
+        if self._cuts is None:
+            raise ShardFormatError("opened without its cuts table", where=self.directory)
+        return self._cuts
 
     def _place(self, recording_index: int) -> tuple[int, int, int]:
         """(shard number, start, end) of a recording's blob in its shard; located once."""
@@ -162,7 +234,7 @@ class ShardSet:
         self, recording_index: int, first: int, end: int, trace: DecodeTrace | None = None
     ) -> Int16Array:
         """Frames ``[first, end)`` of the full decode of a recording."""
-        recording = self.recordings[recording_index]
+        recording = self.recording(recording_index)
         self._check_unchanged(recording_index)
         self._prefetch(recording_index, recording, first, end)
         if trace is not None and trace.profile:
@@ -198,20 +270,32 @@ class ShardSet:
         One ``stat`` per decode: a shard rewritten or replaced under a live
         mount would otherwise serve other audio under the old names.
         """
-        shard = self._blob_places[recording_index][0]
+        shard = int(self._recordings.shards[recording_index])
         name = self._shard_names[shard]
         if file_stamp(os.path.join(self.directory, name)) != self._shard_stamps[shard]:
             raise ShardFormatError(
                 "the shard changed since the directory was mounted (rewritten or replaced?): "
                 "remount to serve the new one",
-                where=f"{name}, recording {self.recordings[recording_index].recording_id}",
+                where=f"{name}, recording {self._recordings.ids[recording_index]}",
             )
 
     def _locate_blob(self, recording_index: int) -> tuple[int, int, int]:
-        shard, batch_number, stored_bytes = self._blob_places[recording_index]
-        where = (
-            f"{self._shard_names[shard]}, recording {self.recordings[recording_index].recording_id}"
-        )
+        """Where the recordings table says the blob is (format 2), or where the shard's Arrow
+        metadata says (format 1); either way checked to lie inside the shard."""
+        table = self._recordings
+        shard = int(table.shards[recording_index])
+        stored = int(table.stored_bytes[recording_index])
+        where = f"{self._shard_names[shard]}, recording {table.ids[recording_index]}"
+        view = self._shard_view(shard)
+        if table.blob_offsets is not None:
+            start = int(table.blob_offsets[recording_index])
+        else:
+            start = self._locate_in_batch(shard, int(table.batches[recording_index]), stored, where)
+        if start < 0 or start + stored > len(view):
+            raise ShardFormatError("the blob is not where the recordings table says", where=where)
+        return shard, start, start + stored
+
+    def _locate_in_batch(self, shard: int, batch_number: int, stored: int, where: str) -> int:
         view, reader = self._shard(shard)
         try:
             blobs = reader.get_batch(batch_number).column(1)
@@ -221,60 +305,40 @@ class ShardSet:
             end = int(offsets[blobs.offset + 1])
         except (pa.ArrowException, IndexError, ValueError) as exc:
             raise ShardFormatError(f"cannot locate the blob: {exc}", where=where) from exc
-        base = pa.py_buffer(view).address
-        absolute = values.address - base + start
-        if end - start != stored_bytes or absolute < 0 or absolute + stored_bytes > len(view):
+        if end - start != stored:
             raise ShardFormatError("the blob is not where the recordings table says", where=where)
-        return shard, absolute, absolute + stored_bytes
+        return int(values.address - pa.py_buffer(view).address + start)
+
+    def _shard_view(self, number: int) -> memoryview:
+        name = self._shard_names[number]
+        try:
+            return self.storage.open_shard(name)
+        except (OSError, ValueError) as exc:
+            raise ShardFormatError(f"cannot open shard: {exc}", where=name) from exc
 
     def _shard(self, number: int) -> tuple[memoryview, Any]:
+        """A format-1 shard's view and Arrow reader (for locating blobs)."""
         opened = self._readers.get(number)
         if opened is None:
             name = self._shard_names[number]
+            view = self._shard_view(number)
             try:
-                view = self.storage.open_shard(name)
                 reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(view)))
-            except (OSError, ValueError, pa.ArrowException) as exc:
+            except (ValueError, pa.ArrowException) as exc:
                 raise ShardFormatError(f"cannot open shard: {exc}", where=name) from exc
             opened = (view, reader)
             self._readers[number] = opened
         return opened
 
-    def _check(self) -> None:
-        """Refuse tables that contradict each other or the manifest."""
-        num_recordings = len(self.recordings)
-        for number, (shard, _, stored) in enumerate(self._blob_places):
-            recording = self.recordings[number]
-            if not 0 <= shard < len(self._shard_names) or stored < 0:
-                raise ShardFormatError(
-                    f"recording {recording.recording_id} points at shard {shard}",
-                    where=self.directory,
-                )
-            offsets = recording.seek_index.byte_offsets
-            if recording.header_bytes > stored or offsets[0] < 0 or offsets[-1] >= max(stored, 1):
-                raise ShardFormatError(
-                    f"recording {recording.recording_id}: its seek index points outside its "
-                    f"{stored} bytes",
-                    where=self.directory,
-                )
-        if len(self.cut_recordings) and (
-            self.cut_recordings.min() < 0 or self.cut_recordings.max() >= num_recordings
-        ):
-            raise ShardFormatError(
-                "a cut refers to a recording that does not exist", where=self.directory
-            )
-        frames = np.array([rec.num_frames for rec in self.recordings], dtype=np.int64)
-        ends = self.cut_start_frames + self.cut_num_frames
-        bad = (self.cut_start_frames < 0) | (self.cut_num_frames < 0)
-        if len(ends):
-            bad |= ends > frames[self.cut_recordings]
-        if bad.any():
-            index = int(np.flatnonzero(bad)[0])
-            raise ShardFormatError(
-                f"cut {self.cut_ids[index]!r} lies outside its recording", where=self.directory
-            )
-        if len(set(self.cut_ids)) != len(self.cut_ids):
-            raise ShardFormatError("cut ids are not unique", where=self.directory)
+
+def _built_trees(cut_ids: Sequence[str], recording_ids: Sequence[str]) -> tuple[FileTree, FileTree]:
+    """File trees of a format-1 directory, written to a private temporary directory and
+    mapped; the files are removed at once (the maps keep them while the mount lives)."""
+    with tempfile.TemporaryDirectory(prefix="cutfs-trees-") as scratch:
+        cuts, recordings = os.path.join(scratch, CUTS_TREE), os.path.join(scratch, RECORDINGS_TREE)
+        write_file_tree(cuts, served_paths(iter(cut_ids)))
+        write_file_tree(recordings, served_paths(iter(recording_ids)))
+        return FileTree(cuts), FileTree(recordings)
 
 
 def _identity(directory: str, shard_stamps: list[tuple[int, int, int]]) -> str:
@@ -282,14 +346,12 @@ def _identity(directory: str, shard_stamps: list[tuple[int, int, int]]) -> str:
     digest = hashlib.sha256()
     with contextlib.suppress(OSError), open(os.path.join(directory, MANIFEST_FILE), "rb") as file:
         digest.update(file.read())
-    for name in (RECORDINGS_FILE, CUTS_FILE):
+    tables = [RECORDINGS_FILE, CUTS_FILE]
+    tables += [f"{tree}{suffix}" for tree in (CUTS_TREE, RECORDINGS_TREE) for suffix in TREE_FILES]
+    for name in tables:
         digest.update(repr(file_stamp(os.path.join(directory, name))).encode())
     digest.update(repr(shard_stamps).encode())
     return digest.hexdigest()
-
-
-def _empty_cuts() -> pa.Table:
-    return CUTS_SCHEMA.empty_table()
 
 
 def _read_manifest(directory: str) -> dict[str, Any]:
@@ -303,10 +365,10 @@ def _read_manifest(directory: str) -> dict[str, Any]:
         raise ShardFormatError(f"unreadable manifest: {exc}", where=path) from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise ShardFormatError("not a cutfs shard manifest", where=path)
-    if manifest.get("version") != FORMAT_VERSION:
+    if manifest.get("version") not in READABLE_VERSIONS:
         raise ShardFormatError(
             f"shard format version {manifest.get('version')} is not supported "
-            f"(this cutfs reads version {FORMAT_VERSION})",
+            f"(this cutfs reads versions {', '.join(map(str, READABLE_VERSIONS))})",
             where=path,
         )
     shards = manifest.get("shards")
@@ -323,40 +385,3 @@ def _read_manifest(directory: str) -> dict[str, Any]:
 
 def _is_plain_file_name(name: str) -> bool:
     return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
-
-
-def recording_from_row(row: dict[str, Any]) -> Recording:
-    where = str(row.get("recording_id"))
-    check_shape(
-        row.get("sample_rate"),
-        row.get("channels"),
-        row.get("num_frames"),
-        where=where,
-        error=ShardFormatError,
-    )
-    try:
-        if not 0 <= row["header_bytes"] < 1 << 40 or not 0 <= row["preroll_frames"] < 1 << 40:
-            raise ValueError("header size or pre-roll out of range")
-        if not -(1 << 62) < row["timeline_origin"] < 1 << 62:
-            raise ValueError("timeline origin out of range")
-        if row["time_base_numerator"] < 0 or row["time_base_denominator"] < 0:
-            raise ValueError("negative time base")
-        return Recording(
-            recording_id=row["recording_id"],
-            sample_rate=row["sample_rate"],
-            channels=row["channels"],
-            num_frames=row["num_frames"],
-            method=DecodeMethod(row["method"]),
-            container_format=row["container_format"],
-            codec_name=row["codec_name"],
-            seek_index=SeekIndex.from_points(row["seek_samples"], row["seek_byte_offsets"]),
-            header_bytes=row["header_bytes"],
-            pcm_format=row["pcm_format"],
-            timing=FrameTiming(row["timing"]),
-            timeline_origin=row["timeline_origin"],
-            time_base=Fraction(row["time_base_numerator"], row["time_base_denominator"] or 1),
-            preroll_frames=row["preroll_frames"],
-            transcoded_from=row["transcoded_from"],
-        )
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-        raise ShardFormatError(f"invalid recording row: {exc}", where=where) from exc

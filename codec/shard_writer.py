@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from cutfs.codec.cut import Cut
+from cutfs.codec.cut_table import mentions_of
+from cutfs.codec.errors import ShardFormatError
+from cutfs.codec.file_tree import served_paths, write_file_tree
 from cutfs.codec.recording import Recording
+from cutfs.codec.recording_table import recording_row
 from cutfs.codec.shard_format import (
     CUTS_FILE,
     CUTS_SCHEMA,
+    CUTS_TREE,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_FILE,
     RECORDINGS_FILE,
     RECORDINGS_SCHEMA,
+    RECORDINGS_TREE,
     SHARD_SCHEMA,
     shard_file_name,
     write_table,
@@ -53,36 +61,36 @@ class ShardWriter:
             self._open_next_shard()
         assert self._writer is not None
         self._writer.write_batch(_blob_batch(recording.recording_id, blob))
+        shard = len(self._shards) - 1
         self._rows.append(
-            recording_row(recording, len(self._shards) - 1, self._shard_batches, len(blob), source)
+            recording_row(recording, shard, self._shard_batches, len(blob), source, -1)
         )
         self._shard_bytes += len(blob)
         self._shard_batches += 1
         return len(self._rows) - 1
 
-    def finish(self, cuts: list[Cut], extra: dict[str, Any] | None = None) -> None:
-        """Write the recordings and cuts tables and the manifest."""
+    def finish(self, cuts: pa.Table, extra: dict[str, Any] | None = None) -> None:
+        """Write the recordings and cuts tables (``cuts`` as :func:`cuts_table` makes it),
+        their file trees, and the manifest, last."""
         self._close_shard()
         recordings = pa.Table.from_pylist(self._rows, schema=RECORDINGS_SCHEMA)
         write_table(os.path.join(self._directory, RECORDINGS_FILE), recordings)
-        cut_table = pa.Table.from_pydict(
-            {
-                "cut_id": [cut.cut_id for cut in cuts],
-                "recording": [cut.recording_index for cut in cuts],
-                "start_frame": [cut.start_frame for cut in cuts],
-                "num_frames": [cut.num_frames for cut in cuts],
-                "channels": [list(cut.channels) for cut in cuts],
-                "metadata": [cut.metadata_json for cut in cuts],
-            },
-            schema=CUTS_SCHEMA,
+        cuts = cuts.cast(CUTS_SCHEMA)
+        write_table(os.path.join(self._directory, CUTS_FILE), cuts)
+        write_file_tree(
+            os.path.join(self._directory, CUTS_TREE), served_paths(cuts.column("cut_id"))
         )
-        write_table(os.path.join(self._directory, CUTS_FILE), cut_table)
+        write_file_tree(
+            os.path.join(self._directory, RECORDINGS_TREE),
+            served_paths(recordings.column("recording_id")),
+        )
         manifest = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "shards": self._shards,
             "recordings": len(self._rows),
-            "cuts": len(cuts),
+            "cuts": cuts.num_rows,
+            "mentions": mentions_of(cuts.column("metadata")),
             **(extra or {}),
         }
         path = os.path.join(self._directory, MANIFEST_FILE)
@@ -108,10 +116,12 @@ class ShardWriter:
         if self._writer is not None and self._sink is not None:
             self._writer.close()
             self._sink.close()
+            path = os.path.join(self._directory, self._shards[-1]["file"])
             self._shards[-1]["recordings"] = self._shard_batches
-            self._shards[-1]["bytes"] = os.path.getsize(
-                os.path.join(self._directory, self._shards[-1]["file"])
-            )
+            self._shards[-1]["bytes"] = os.path.getsize(path)
+            first_row = len(self._rows) - self._shard_batches
+            for row, (offset, _) in zip(self._rows[first_row:], blob_spans(path), strict=True):
+                row["blob_offset"] = offset
         self._writer = None
         self._sink = None
 
@@ -123,29 +133,43 @@ def _blob_batch(recording_id: str, blob: memoryview) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array([recording_id]), blobs], schema=SHARD_SCHEMA)
 
 
-def recording_row(
-    recording: Recording, shard: int, batch: int, stored_bytes: int, source: str
-) -> dict[str, Any]:
-    return {
-        "recording_id": recording.recording_id,
-        "shard": shard,
-        "batch": batch,
-        "stored_bytes": stored_bytes,
-        "source": source,
-        "sample_rate": recording.sample_rate,
-        "channels": recording.channels,
-        "num_frames": recording.num_frames,
-        "method": str(recording.method),
-        "container_format": recording.container_format,
-        "codec_name": recording.codec_name,
-        "header_bytes": recording.header_bytes,
-        "pcm_format": recording.pcm_format,
-        "timing": str(recording.timing),
-        "timeline_origin": recording.timeline_origin,
-        "time_base_numerator": recording.time_base.numerator,
-        "time_base_denominator": recording.time_base.denominator,
-        "preroll_frames": recording.preroll_frames,
-        "transcoded_from": recording.transcoded_from,
-        "seek_samples": recording.seek_index.samples,
-        "seek_byte_offsets": recording.seek_index.byte_offsets,
-    }
+def cuts_table(cuts: Iterable[Cut]) -> pa.Table:
+    """The cuts table of :data:`CUTS_SCHEMA` for ``cuts``."""
+    cuts = list(cuts)
+    return pa.Table.from_pydict(
+        {
+            "cut_id": [cut.cut_id for cut in cuts],
+            "recording": [cut.recording_index for cut in cuts],
+            "start_frame": [cut.start_frame for cut in cuts],
+            "num_frames": [cut.num_frames for cut in cuts],
+            "channels": [list(cut.channels) for cut in cuts],
+            "metadata": [cut.metadata_json for cut in cuts],
+        },
+        schema=CUTS_SCHEMA,
+    )
+
+
+def blob_spans(path: str) -> list[tuple[int, int]]:
+    """(start, end) byte offsets of each record batch's blob in a shard file, in batch order.
+
+    Read from the file's Arrow IPC metadata (a map of the file; the blobs are not read).
+    Raises :class:`ShardFormatError` when a batch is not one blob.
+    """
+    try:
+        with open(path, "rb") as file:
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        buffer = pa.py_buffer(mapped)  # the map closes with the last buffer that uses it
+        reader = pa.ipc.open_file(buffer)
+        spans = []
+        for number in range(reader.num_record_batches):
+            blobs = reader.get_batch(number).column(1)
+            if len(blobs) != 1:
+                raise ValueError(f"batch {number} holds {len(blobs)} blobs")
+            _, offsets_buffer, values = blobs.buffers()
+            offsets = np.frombuffer(offsets_buffer, dtype=np.int64)
+            first, end = int(offsets[blobs.offset]), int(offsets[blobs.offset + 1])
+            start = values.address - buffer.address + first
+            spans.append((start, start + end - first))
+        return spans
+    except (OSError, ValueError, IndexError, pa.ArrowException) as exc:
+        raise ShardFormatError(f"cannot locate the blobs: {exc}", where=path) from exc

@@ -44,12 +44,14 @@ from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
+from cachetools import LRUCache
 
 from cutfs.codec.command_runner import run_command
 from cutfs.codec.cut import Cut, seconds_to_frames
-from cutfs.codec.cut_table import CutTable
+from cutfs.codec.cut_table import CutTable, mentions_of
 from cutfs.codec.decoder import DecodeTrace, decode_frames
 from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
+from cutfs.codec.file_tree import FileTree, served_paths, write_file_tree
 from cutfs.codec.library import AudioShape
 from cutfs.codec.limits import (
     MAX_CHANNELS,
@@ -57,12 +59,19 @@ from cutfs.codec.limits import (
     MAX_RECORDING_SECONDS,
     MAX_SAMPLE_RATE_HZ,
 )
+from cutfs.codec.mapped_table import float_view, read_mapped
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
 from cutfs.codec.recording_indexer import index_recording
-from cutfs.codec.shard_format import RECORDINGS_SCHEMA, int_column, read_table, write_table
-from cutfs.codec.shard_set import recording_from_row
-from cutfs.codec.shard_writer import recording_row
+from cutfs.codec.recording_table import recording_from_row, recording_row
+from cutfs.codec.shard_format import (
+    CUTS_TREE,
+    RECORDINGS_SCHEMA,
+    RECORDINGS_TREE,
+    int_column,
+    read_table,
+    write_table,
+)
 from cutfs.codec.source_policy import SourcePolicy, check_may_run_commands_here
 from cutfs.codec.sources import Refusals, SourceCatalogue, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
@@ -72,12 +81,14 @@ from cutfs.codec.storage import LocalStorage, Storage, file_stamp
 INDEX_FILE: Final = "source-index.json"
 INDEX_FORMAT: Final = "cutfs-source-index"
 #: Bumped when plans or tables change meaning: older index directories are rebuilt.
-INDEX_VERSION: Final = 2
+INDEX_VERSION: Final = 3
 _RECORDINGS: Final = "recordings.arrow"
 _CUTS: Final = "cuts.arrow"
 _PLANS: Final = "plans"
 #: Messages about refused entries kept in the index file (the count is always exact).
 _REFUSALS_KEPT: Final = 1000
+#: Cuts kept converted to frames (a bounded cache: cuts are many).
+_CUTS_KEPT: Final = 65536
 #: Lhotse's default for LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE (lhotse.audio.utils).
 DURATION_TOLERANCE_SECONDS: Final = 0.5
 #: The most a tolerance from the environment may be (a mistyped value must not pad minutes).
@@ -107,7 +118,7 @@ _CATALOGUE_CUTS: Final = pa.schema(
         ("metadata", pa.string()),
     ]
 )
-_PLAN_SCHEMA: Final = RECORDINGS_SCHEMA.append(pa.field("blob_offset", pa.int64()))
+_PLAN_SCHEMA: Final = RECORDINGS_SCHEMA
 
 
 def duration_tolerance_seconds() -> float:
@@ -178,7 +189,14 @@ def prepare_index(source: str, cache_root: str, policy: SourcePolicy | None = No
         private_directory(directory)
         private_directory(os.path.join(directory, _PLANS))
         write_table(os.path.join(directory, _RECORDINGS), _recordings_table(catalogue), 0o600)
-        write_table(os.path.join(directory, _CUTS), _cuts_table(catalogue), 0o600)
+        cuts = _cuts_table(catalogue)
+        write_table(os.path.join(directory, _CUTS), cuts, 0o600)
+        cut_paths = served_paths(cuts.column("cut_id"))
+        write_file_tree(os.path.join(directory, CUTS_TREE), cut_paths, 0o600)
+        recording_ids = [recording.recording_id for recording in catalogue.recordings]
+        write_file_tree(
+            os.path.join(directory, RECORDINGS_TREE), served_paths(recording_ids), 0o600
+        )
         info = {
             "format": INDEX_FORMAT,
             "version": INDEX_VERSION,
@@ -186,6 +204,7 @@ def prepare_index(source: str, cache_root: str, policy: SourcePolicy | None = No
             "kind": catalogue.kind,
             "stamp": stamp,
             "policy": rules,
+            "mentions": mentions_of(cuts.column("metadata")),
             "refused_count": len(catalogue.refused),
             "refused": catalogue.refused[:_REFUSALS_KEPT],
         }
@@ -326,14 +345,13 @@ class SourceIndex:
         self._declared_frames = int_column(recordings, "declared_frames")
         self._described_in: list[str] = recordings.column("described_in").to_pylist()
         self._parquet_columns: list[str | None] = recordings.column("parquet_column").to_pylist()
-        cuts = read_table(os.path.join(directory, _CUTS)) if load_cuts else None
+        cuts = read_mapped(os.path.join(directory, _CUTS), _CATALOGUE_CUTS) if load_cuts else None
         cuts = cuts if cuts is not None else _CATALOGUE_CUTS.empty_table()
-        self._cuts_table = CutTable(cuts)
+        mentions = info.get("mentions")
+        self._cuts_table = CutTable(cuts, mentions if isinstance(mentions, dict) else None)
         self._cut_recordings = self._cuts_table.recordings
-        self._cut_starts = np.asarray(cuts.column("start_seconds").to_numpy(), dtype=np.float64)
-        self._cut_durations = np.asarray(
-            cuts.column("duration_seconds").to_numpy(), dtype=np.float64
-        )
+        self._cut_starts = float_view(cuts, "start_seconds")
+        self._cut_durations = float_view(cuts, "duration_seconds")
         self._plans: dict[int, Recording] = {}
         self._blobs: dict[int, tuple[str, int, int]] = {}
         #: (inode, size, modification time) of each blob's file when its plan was made.
@@ -342,7 +360,8 @@ class SourceIndex:
         self.identity = hashlib.sha256(
             json.dumps([info.get("version"), info.get("stamp"), info.get("policy")]).encode()
         ).hexdigest()
-        self._cuts: dict[int, Cut] = {}
+        self._cuts: LRUCache[int, Cut] = LRUCache(maxsize=_CUTS_KEPT)
+        self._trees: tuple[FileTree, FileTree] | None = None
         #: Recordings whose audio disagrees with their manifest: id -> what differs.
         self.mismatches: dict[str, str] = {}
         if len(self._cut_recordings) and (
@@ -352,6 +371,8 @@ class SourceIndex:
                 "a cut refers to a recording that does not exist", where=directory
             )
         self._check_numbers()
+        if load_cuts:
+            self.trees()  # a catalogue that cannot be read is refused at open
 
     def _check_numbers(self) -> None:
         """Refuse catalogue tables whose numbers the readers would never have written."""
@@ -395,6 +416,15 @@ class SourceIndex:
     def cut_ids(self) -> Sequence[str]:
         return self._cuts_table.ids
 
+    def trees(self) -> tuple[FileTree, FileTree]:
+        """The file trees of the cuts and recordings that :func:`prepare_index` wrote."""
+        if self._trees is None:
+            self._trees = (
+                FileTree(os.path.join(self.directory, CUTS_TREE)),
+                FileTree(os.path.join(self.directory, RECORDINGS_TREE)),
+            )
+        return self._trees
+
     @property
     def num_cuts(self) -> int:
         return len(self._cuts_table.ids)
@@ -426,8 +456,8 @@ class SourceIndex:
     def cut_recording(self, index: int) -> int:
         return int(self._cut_recordings[index])
 
-    def metadata_mentions(self, text: str) -> bool:
-        return self._cuts_table.metadata_mentions(text)
+    def metadata_mentions(self, field: str) -> bool:
+        return self._cuts_table.metadata_mentions(field)
 
     def cut_metadata(self, index: int) -> dict[str, Any]:
         return self._cuts_table.metadata(index)
@@ -454,7 +484,7 @@ class SourceIndex:
         return shape.num_frames + self._tolerance_frames(recording_index)
 
     def cut(self, index: int) -> Cut | None:
-        cut = self._cuts.get(index)
+        cut: Cut | None = self._cuts.get(index)
         if cut is not None:
             return cut
         recording_index = int(self._cut_recordings[index])
@@ -632,8 +662,7 @@ class SourceIndex:
                 path = os.path.join(plans, f"{key}.flac")
                 os.replace(indexed.stored_path, path)
                 offset, length = 0, os.path.getsize(path)
-        row = recording_row(indexed.recording, -1, -1, length, path)
-        row["blob_offset"] = offset
+        row = recording_row(indexed.recording, -1, -1, length, path, offset)
         table = pa.Table.from_pylist([row], schema=_PLAN_SCHEMA)
         write_table(plan_path, table, 0o600)
         self._blobs[recording_index] = (path, offset, offset + length)

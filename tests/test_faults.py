@@ -269,21 +269,12 @@ def _version_from_the_future(directory: Path) -> None:
 @pytest.mark.parametrize(
     ("lie", "message"),
     [
-        (
-            lambda d: _rewrite_column(d / CUTS_FILE, "num_frames", _far_past_the_end),
-            "lies outside its recording",
-        ),
-        (
-            lambda d: _rewrite_column(
-                d / RECORDINGS_FILE, "seek_byte_offsets", _seek_point_past_the_blob
-            ),
-            "seek index points outside",
-        ),
         (_version_from_the_future, "version 99 is not supported"),
         (lambda d: (d / CUTS_FILE).write_bytes(b"garbage"), "cannot read table"),
+        (lambda d: (d / "cuts.entries.arrow").write_bytes(b"garbage"), "cannot read table"),
     ],
 )
-def test_a_shard_that_lies_is_refused_at_mount(
+def test_a_shard_directory_that_cannot_be_read_is_refused_at_mount(
     shard_dir: str, tmp_path: Path, lie: Callable[[Path], None], message: str
 ) -> None:
     copy = tmp_path / "lying"
@@ -295,3 +286,37 @@ def test_a_shard_that_lies_is_refused_at_mount(
     assert result.returncode == 3
     assert message in result.stderr
     assert not is_mounted(str(tmp_path))
+
+
+def test_rows_that_lie_fail_only_the_reads_they_reach(shard_dir: str, tmp_path: Path) -> None:
+    """Rows are checked where they are used (a mount of millions does not read them all):
+    a cut past its recording's end and a seek index past its blob each fail the files that
+    use them, with a log line naming them; every other file is served."""
+    copy = tmp_path / "lying"
+    shutil.copytree(shard_dir, copy)
+    cuts = pa.ipc.open_file(pa.memory_map(str(copy / CUTS_FILE))).read_all()
+    recordings = pa.ipc.open_file(pa.memory_map(str(copy / RECORDINGS_FILE))).read_all()
+    lying_cut = cuts.column("cut_id")[0].as_py()
+    lying_recording = recordings.column("recording_id")[3].as_py()
+    honest_cut = next(
+        cut_id
+        for cut_id, recording in zip(
+            cuts.column("cut_id").to_pylist(), cuts.column("recording").to_pylist(), strict=True
+        )
+        if recording != 3 and cut_id != lying_cut
+    )
+    _rewrite_column(copy / CUTS_FILE, "num_frames", _far_past_the_end)
+    _rewrite_column(copy / RECORDINGS_FILE, "seek_byte_offsets", _seek_point_past_the_blob)
+    log = tmp_path / "log"
+    with mounted(str(copy), str(tmp_path / "mnt"), "--log-file", str(log)) as mount:
+        for path in (
+            os.path.join(mount, "cuts", f"{lying_cut}.wav"),
+            os.path.join(mount, "recordings", f"{lying_recording}.wav"),
+        ):
+            with pytest.raises(OSError) as failed:
+                _read(path)
+            assert failed.value.errno == errno.EIO
+        assert _read(os.path.join(mount, "cuts", f"{honest_cut}.wav"))[:4] == b"RIFF"
+    text = log.read_text()
+    assert f"cut {lying_cut!r} lies outside its recording" in text
+    assert f"recording {lying_recording}: its seek index points outside" in text

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import ROOT, FileTree, served_paths, write_file_tree
 from cutfs.codec.path_escape import escape_id, unescape_path
-from cutfs.vfs.inode_table import CUT_INODE_BASE, InodeTable
 
 
 def _tree(tmp_path: Path, ids: list[str]) -> tuple[FileTree, list[str]]:
@@ -48,13 +47,6 @@ def test_clashes_are_resolved_in_favour_of_the_first_claim() -> None:
         escape_id("p", force=True),  # a file where a directory is
     ]
     assert [unescape_path(path) for path in paths] == ids
-
-
-def test_paths_agree_with_the_inode_table(tmp_path: Path) -> None:
-    ids = [*ODD_IDS, "a", "a.wav/b", "spk1/sess2", "spk1/sess2/utt3x", "spk1/sess2.wav/u"]
-    table = InodeTable()
-    expected = table.add_files(table.root, ids, CUT_INODE_BASE)
-    assert served_paths(ids).to_pylist() == [expected[number] for number in range(len(ids))]
 
 
 def test_every_item_is_found_at_its_path_and_nothing_else(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.decode_pool import DecodePool
 from cutfs.vfs.filesystem import Filesystem
 from cutfs.vfs.frame_source import FrameSource
-from cutfs.vfs.inode_table import CUT_INODE_BASE, RECORDING_INODE_BASE
+from cutfs.vfs.view import CUT_INODE_BASE, RECORDING_INODE_BASE
 
 FORMATS = {
     "flac": ["-c:a", "flac"],

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.file_tree import served_paths
 from cutfs.codec.path_escape import escape_id, unescape_path
 from cutfs.codec.pcm import packed_to_s16
 from cutfs.codec.resampler import Resampler
 from cutfs.codec.riff import parse_riff_wave
 from cutfs.codec.seek_index import SeekIndex
 from cutfs.codec.wav_layout import HEADER_BYTES, WavLayout
-from cutfs.vfs.inode_table import CUT_INODE_BASE, InodeTable
 
 
 def test_header_bytes_field_by_field() -> None:
@@ -103,14 +103,13 @@ def test_safe_ids_are_kept_as_they_are() -> None:
 
 
 def test_clashing_paths_are_escaped() -> None:
-    table = InodeTable()
-    paths = table.add_files(table.root, ["a", "a.wav/b", "c/d", "c"], CUT_INODE_BASE)
+    paths = served_paths(["a", "a.wav/b", "c/d", "c"]).to_pylist()
     assert paths[0] == "a.wav"
     assert paths[1] == escape_id("a.wav/b", force=True)
-    assert len(set(paths.values())) == 4
+    assert len(set(paths)) == 4
     assert all(
         unescape_path(path) == ident
-        for path, ident in zip(paths.values(), ["a", "a.wav/b", "c/d", "c"], strict=True)
+        for path, ident in zip(paths, ["a", "a.wav/b", "c/d", "c"], strict=True)
     )
 
 

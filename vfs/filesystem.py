@@ -14,6 +14,11 @@ Layout of a mount::
     .cutfs/stats                   the daemon's counters, as JSON (when enabled)
     .cutfs/metrics                 the same in Prometheus' text exposition format
 
+Each part is a view (:mod:`cutfs.vfs.view`) that owns its inode numbers; this
+class composes them, dispatches each request to the view owning its inode,
+and does what every WAV file shares: its layout (rate, channels, format),
+reading frames under the request's deadline, and resampling.
+
 Every file is immutable for the life of the mount.  Errors the kernel should
 see are raised as :class:`FsError` with an errno value; failures to produce
 audio propagate as :class:`cutfs.codec.errors.CutfsError`.  Turning those into
@@ -26,51 +31,34 @@ index the recording, while listings give provisional attributes.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import math
 import os
-import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Final, overload
+from typing import Final
 
 import numpy as np
 import trio
 
-from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.library import AudioShape, Library
 from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.wav_layout import HEADER_BYTES, WavLayout
+from cutfs.vfs.control_view import CONTROL_DIR, METRICS_FILE, STATS_FILE, ControlView
+from cutfs.vfs.cuts_view import CUTS_DIR, CutsView
 from cutfs.vfs.decode_pool import DecodeDeadlineError
 from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.fs_error import FsError
-from cutfs.vfs.inode_table import (
-    CUT_INODE_BASE,
-    RECORDING_INODE_BASE,
-    ROOT_INODE,
-    SPAN_INODE_BASE,
-    WINDOW_BITS,
-    WINDOW_INODE_BASE,
-    Directory,
-    InodeTable,
-    NodeKind,
-    window_inode,
-    window_of,
-)
-from cutfs.vfs.manifest_files import AUDIOFOLDER_METADATA, NEEDS_LENGTHS, ManifestFiles
-from cutfs.vfs.span_table import SpanTable
+from cutfs.vfs.manifest_files import ManifestFiles
+from cutfs.vfs.manifests_view import ManifestsView
+from cutfs.vfs.recordings_view import RecordingsView
+from cutfs.vfs.view import CUT_INODE_BASE, ROOT_INODE, AudioSpan, Entry, NodeKind, View
+from cutfs.vfs.windows_view import Windows, WindowsView
 
-CONTROL_DIR: Final = ".cutfs"
-STATS_FILE: Final = "stats"
-METRICS_FILE: Final = "metrics"
-CUTS_DIR: Final = "cuts"
-RECORDINGS_DIR: Final = "recordings"
-WINDOWS_DIR: Final = "windows"
-#: ``<start>-<end>.wav`` in decimal seconds, for time ranges made on lookup.
-_RANGE_NAME: Final = re.compile(rb"(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)\.wav")
 #: Recordings indexed at once when a manifest needs every length.
 _INDEXING_AT_ONCE: Final = 4
 #: How far past a read a decode may go, within the file: a whole cut of up to a
@@ -94,79 +82,6 @@ class Attributes:
     #: A listing's stand-in for a file whose size is not known until its
     #: recording is indexed: the kernel must ask again (lookup) before using it.
     provisional: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Windows:
-    """Fixed windows of every recording: ``length_seconds`` long, starting every
-    ``length_seconds - overlap_seconds``; the last one ends with the recording.
-
-    Windows are arithmetic: window ``k`` starts at ``k * step`` frames; none is
-    stored.
-    """
-
-    length_seconds: float
-    overlap_seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.overlap_seconds < self.length_seconds:
-            raise ValueError("windows need 0 <= overlap < length")
-
-    def _frames(self, shape: AudioShape) -> tuple[int, int]:
-        """(length, step) in frames at the recording's rate."""
-        length = max(seconds_to_frames(self.length_seconds, shape.sample_rate), 1)
-        step = length - seconds_to_frames(self.overlap_seconds, shape.sample_rate)
-        return length, max(step, 1)
-
-    def count(self, shape: AudioShape) -> int:
-        """How many windows a recording has (the last is the first to reach its end)."""
-        if shape.num_frames == 0:
-            return 0
-        length, step = self._frames(shape)
-        return max(0, -(-(shape.num_frames - length) // step)) + 1
-
-    def span(self, shape: AudioShape, number: int) -> tuple[int, int]:
-        """(start frame, end frame) of window ``number``."""
-        length, step = self._frames(shape)
-        start = number * step
-        return start, min(start + length, shape.num_frames)
-
-    def number_at(self, shape: AudioShape, start: int, end: int) -> int | None:
-        """The window that is exactly ``[start, end)``, if any."""
-        _, step = self._frames(shape)
-        number, remainder = divmod(start, step)
-        if remainder or not 0 <= number < self.count(shape):
-            return None
-        return number if self.span(shape, number) == (start, end) else None
-
-
-class WindowListing(Sequence[tuple[bytes, int]]):
-    """The entries of a recording's window directory, made as they are read."""
-
-    def __init__(self, windows: Windows, recording_index: int, shape: AudioShape) -> None:
-        self._windows = windows
-        self._recording_index = recording_index
-        self._shape = shape
-        self._count = min(windows.count(shape), 1 << WINDOW_BITS)
-
-    def __len__(self) -> int:
-        return self._count
-
-    @overload
-    def __getitem__(self, position: int) -> tuple[bytes, int]: ...
-
-    @overload
-    def __getitem__(self, position: slice) -> Sequence[tuple[bytes, int]]: ...
-
-    def __getitem__(self, position: int | slice) -> tuple[bytes, int] | Sequence[tuple[bytes, int]]:
-        if isinstance(position, slice):
-            return [self[number] for number in range(*position.indices(self._count))]
-        if not 0 <= position < self._count:
-            raise IndexError(position)
-        start, end = self._windows.span(self._shape, position)
-        rate = self._shape.sample_rate
-        name = f"{_seconds_label(start, rate)}-{_seconds_label(end, rate)}.wav".encode()
-        return name, window_inode(self._recording_index, position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,43 +120,60 @@ class Filesystem:
         self._format = output_format or OutputFormat()
         self._frames = frame_source
         self._mountpoint = os.path.abspath(mountpoint)
-        self._table = table = InodeTable()
-        cuts = table.add_directory(table.root, CUTS_DIR)
-        self._cut_paths = table.add_files(cuts, library.cut_ids, CUT_INODE_BASE)
-        recordings = table.add_directory(table.root, RECORDINGS_DIR)
-        recording_paths = table.add_files(recordings, library.recording_ids, RECORDING_INODE_BASE)
-        self._manifests = ManifestFiles(
-            library, self._cut_paths, os.path.join(self._mountpoint, CUTS_DIR), self._cut_layout
+        cut_tree, recording_tree = library.trees()
+        manifests = ManifestsView(
+            ManifestFiles(
+                library,
+                cut_tree.path,
+                os.path.join(self._mountpoint, CUTS_DIR),
+                self._cut_layout,
+            ),
+            self._index_all,
+            with_audiofolder=library.num_cuts > 0,
         )
-        self._text_inodes: dict[int, str] = {}
-        for name in self._manifests.root_names():
-            self._text_inodes[table.add_text(table.root, name)] = name
-        if library.num_cuts:
-            self._text_inodes[table.add_text(cuts, AUDIOFOLDER_METADATA)] = AUDIOFOLDER_METADATA
-        self._volatile: dict[int, Callable[[], bytes]] = {}
-        if status is not None:
-            control = table.add_directory(table.root, CONTROL_DIR)
-            self._volatile[table.add_text(control, STATS_FILE)] = status
-            if metrics is not None:
-                self._volatile[table.add_text(control, METRICS_FILE)] = metrics
-        self._texts: dict[int, bytes] = {}
-        self._listings: dict[int, list[tuple[bytes, int]]] = {}
-        # Spans (time ranges, windows): hidden range directories per recording, made on
-        # lookup, and span files numbered as they are first needed.
-        self._range_parents = _stems(table, recordings, recording_paths)
-        self._hidden: dict[tuple[int, bytes], int] = {}  # (parent, name) -> range directory
-        self._range_directories: dict[int, int] = {}  # directory inode -> recording
-        self._spans = SpanTable(SPAN_INODE_BASE)
-        self._windows = windows
-        self._window_directories: dict[int, int] = {}  # directory inode -> recording
-        self._window_listings: dict[int, WindowListing] = {}
+        self._recordings = RecordingsView(library, recording_tree, self._shape)
+        views: list[View] = [
+            CutsView(library, cut_tree, manifests.cut_directory_entries()),
+            self._recordings,
+            manifests,
+        ]
         if windows is not None:
-            windows_root = table.add_directory(table.root, WINDOWS_DIR)
-            for number, path in recording_paths.items():
-                directory = windows_root
-                for component in path.removesuffix(".wav").split("/"):
-                    directory = table.add_directory(directory, component)
-                self._window_directories[directory.inode] = number
+            views.append(WindowsView(library, recording_tree, windows, self._shape))
+        if status is not None:
+            views.append(ControlView(status, metrics))
+        self._root: list[Entry] = [entry for view in views for entry in view.root_entries()]
+        self._root_inodes = dict(self._root)
+        self._root_subdirectories = sum(
+            1
+            for _, inode in self._root
+            if self._owner(inode, views).kind(inode) is NodeKind.DIRECTORY
+        )
+        owned = sorted(
+            (span.start, span.stop, view) for view in views for span in view.inode_ranges
+        )
+        self._range_starts = [start for start, _, _ in owned]
+        self._ranges = owned
+
+    @staticmethod
+    def _owner(inode: int, views: Sequence[View]) -> View:
+        return next(view for view in views if any(inode in span for span in view.inode_ranges))
+
+    def _view(self, inode: int) -> View:
+        """The view owning ``inode``; ENOENT when none does."""
+        position = bisect.bisect_right(self._range_starts, inode) - 1
+        if position >= 0:
+            _, stop, view = self._ranges[position]
+            if inode < stop:
+                return view
+        raise FsError(errno.ENOENT)
+
+    def _kind(self, inode: int) -> NodeKind | None:
+        if inode == ROOT_INODE:
+            return NodeKind.DIRECTORY
+        try:
+            return self._view(inode).kind(inode)
+        except FsError:
+            return None
 
     # -- metadata ---------------------------------------------------------------------------
 
@@ -252,68 +184,46 @@ class Filesystem:
             return await self._lookup(parent_inode, name, user)
 
     async def _lookup(self, parent_inode: int, name: bytes, user: int) -> Attributes:
-        directory = self._directory(parent_inode)
+        self._check_directory(parent_inode)
         if name == b".":
             return await self._getattr(parent_inode)
         if name == b"..":
-            return await self._getattr(directory.parent)
-        await self._open_directory(parent_inode)
-        inode = directory.children.get(name)
+            return await self._getattr(self._parent(parent_inode))
+        if parent_inode == ROOT_INODE:
+            inode = self._root_inodes.get(name)
+        else:
+            inode = await self._view(parent_inode).lookup(parent_inode, name, user)
         if inode is None:
-            inode = await self._span_lookup(directory, name, user)
+            raise FsError(errno.ENOENT)
         return await self._getattr(inode)
 
+    def _parent(self, directory: int) -> int:
+        return ROOT_INODE if directory == ROOT_INODE else self._view(directory).parent(directory)
+
+    def _check_directory(self, inode: int) -> None:
+        kind = self._kind(inode)
+        if kind is not NodeKind.DIRECTORY:
+            raise FsError(errno.ENOENT if kind is None else errno.ENOTDIR)
+
     async def open_directory(self, inode: int) -> None:
-        """Check that ``inode`` is a directory; fill a window directory on first use."""
+        """Check that ``inode`` is a directory; learn what its listing needs."""
         with self._request():
-            await self._open_directory(inode)
-
-    async def _open_directory(self, inode: int) -> None:
-        self._directory(inode)
-        recording_index = self._window_directories.get(inode)
-        if recording_index is not None and self._windows is not None:
-            await self._shape(recording_index)  # its windows need its length
-
-    async def _span_lookup(self, directory: Directory, name: bytes, user: int) -> int:
-        """A recording's hidden range directory, or a time range file in one."""
-        recording_index = self._range_parents.get((directory.inode, name))
-        if recording_index is not None:
-            inode = self._hidden.get((directory.inode, name))
-            if inode is None:
-                inode = self._table.add_hidden_directory(directory).inode
-                self._hidden[(directory.inode, name)] = inode
-                self._range_directories[inode] = recording_index
-            return inode
-        window_recording = self._window_directories.get(directory.inode)
-        recording_index = self._range_directories.get(directory.inode)
-        matched = _RANGE_NAME.fullmatch(name)
-        if matched is None or (recording_index is None and window_recording is None):
-            raise FsError(errno.ENOENT)
-        recording = recording_index if recording_index is not None else window_recording
-        assert recording is not None
-        shape = await self._shape(recording)
-        start = seconds_to_frames(float(matched[1]), shape.sample_rate)
-        end = seconds_to_frames(float(matched[2]), shape.sample_rate)
-        if not 0 <= start < end <= shape.num_frames:
-            raise FsError(errno.ENOENT)
-        if window_recording is not None:
-            assert self._windows is not None
-            number = self._windows.number_at(shape, start, end)
-            if number is None or number >= 1 << WINDOW_BITS:
-                raise FsError(errno.ENOENT)
-            return window_inode(window_recording, number)
-        assert recording_index is not None
-        return self._spans.acquire((recording_index, start, end), user)
+            self._check_directory(inode)
+            if inode != ROOT_INODE:
+                await self._view(inode).open_directory(inode)
 
     @property
     def time_ranges(self) -> int:
         """Time-range files the kernel still holds (they are freed when it forgets them)."""
-        return len(self._spans)
+        return self._recordings.time_ranges
 
     def forget(self, inode: int, references: int) -> None:
         """The kernel dropped ``references`` lookups of ``inode`` (only time ranges care)."""
-        if self._table.kind(inode) is NodeKind.SPAN:
-            self._spans.forget(inode, references)
+        try:
+            view = self._view(inode)
+        except FsError:
+            return
+        view.forget(inode, references)
 
     async def _shape(self, recording_index: int) -> AudioShape:
         """A recording's shape, having it indexed first if the library does not know it."""
@@ -332,31 +242,35 @@ class Filesystem:
             return await self._getattr(inode)
 
     async def _getattr(self, inode: int) -> Attributes:
-        kind = self._table.kind(inode)
-        if kind in _WAV_KINDS:
+        kind = self._kind(inode)
+        if kind is NodeKind.WAV:
             source = await self.wav_source(inode)
             return Attributes(inode, _FILE_MODE, source.layout.size_bytes)
         if kind is NodeKind.TEXT:
-            text = await self._ensure_text(inode)
-            return Attributes(inode, _FILE_MODE, len(text), volatile=inode in self._volatile)
+            text = self._view(inode).text(inode)
+            if not text.ready():
+                with self._waiting("preparing a manifest", None):
+                    await text.prepare()
+            return Attributes(inode, _FILE_MODE, text.size_bytes(), volatile=text.volatile)
         return self.listed_attributes(inode)
 
     def listed_attributes(self, inode: int) -> Attributes:
         """Attributes for a directory listing, without indexing anything.
 
-        A WAV file whose size is not known yet is listed as ``provisional``.
+        A file whose size is not known yet is listed as ``provisional``.
         """
-        kind = self._table.kind(inode)
+        kind = self._kind(inode)
         if kind is NodeKind.DIRECTORY:
-            return Attributes(inode, _DIRECTORY_MODE, 0, 2 + self._directory(inode).subdirectories)
+            if inode == ROOT_INODE:
+                return Attributes(inode, _DIRECTORY_MODE, 0, 2 + self._root_subdirectories)
+            links = 2 + self._view(inode).subdirectories(inode)
+            return Attributes(inode, _DIRECTORY_MODE, 0, links)
         if kind is NodeKind.TEXT:
-            if inode in self._volatile:
-                return Attributes(inode, _FILE_MODE, len(self._text(inode)), volatile=True)
-            text = self._texts.get(inode)
-            if text is None:
+            text = self._view(inode).text(inode)
+            if not text.ready():
                 return Attributes(inode, _FILE_MODE, 0, provisional=True)
-            return Attributes(inode, _FILE_MODE, len(text))
-        if kind in _WAV_KINDS:
+            return Attributes(inode, _FILE_MODE, text.size_bytes(), volatile=text.volatile)
+        if kind is NodeKind.WAV:
             source = self._known_wav_source(inode)
             if source is None:
                 return Attributes(inode, _FILE_MODE, 0, provisional=True)
@@ -364,45 +278,25 @@ class Filesystem:
         raise FsError(errno.ENOENT)
 
     def listing(self, inode: int) -> Sequence[tuple[bytes, int]]:
-        """A directory's entries as (name, inode), in a fixed order.
-
-        A window directory's entries are made as they are read (after
-        :meth:`open_directory`, which learns the recording's length).
-        """
-        recording_index = self._window_directories.get(inode)
-        if recording_index is not None and self._windows is not None:
-            shape = self._library.shape(recording_index)
-            if shape is None:
-                return []
-            return WindowListing(self._windows, recording_index, shape)
-        entries = self._listings.get(inode)
-        if entries is None:
-            entries = list(self._directory(inode).children.items())
-            self._listings[inode] = entries
-        return entries
+        """A directory's entries as (name, inode), in a fixed order, made as they are read
+        (after :meth:`open_directory`, which learns what the listing needs)."""
+        self._check_directory(inode)
+        if inode == ROOT_INODE:
+            return self._root
+        return self._view(inode).listing(inode)
 
     def check_open(self, inode: int, flags: int) -> None:
         """Refuse writes and opening what is not a file."""
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             raise FsError(errno.EROFS)
-        kind = self._table.kind(inode)
+        kind = self._kind(inode)
         if kind is None:
             raise FsError(errno.ENOENT)
         if kind is NodeKind.DIRECTORY:
             raise FsError(errno.EISDIR)
-        if kind is NodeKind.CUT and inode - CUT_INODE_BASE >= self._library.num_cuts:
-            raise FsError(errno.ENOENT)
-        if kind is NodeKind.RECORDING and inode - RECORDING_INODE_BASE >= len(
-            self._library.recording_ids
-        ):
-            raise FsError(errno.ENOENT)
-        if kind is NodeKind.SPAN and self._spans.get(inode) is None:
-            raise FsError(errno.ENOENT)
-        if kind is NodeKind.WINDOW:
-            self._window(inode)  # ENOENT for a window that does not exist
 
     def is_volatile(self, inode: int) -> bool:
-        return inode in self._volatile
+        return self._kind(inode) is NodeKind.TEXT and self._view(inode).text(inode).volatile
 
     # -- data -------------------------------------------------------------------------------
 
@@ -418,10 +312,14 @@ class Filesystem:
     async def _read(self, inode: int, offset: int, size: int) -> bytes:
         if offset < 0 or size < 0:
             raise FsError(errno.EINVAL)
-        kind = self._table.kind(inode)
+        kind = self._kind(inode)
         if kind is NodeKind.TEXT:
-            return (await self._ensure_text(inode))[offset : offset + size]
-        if kind not in _WAV_KINDS:
+            text = self._view(inode).text(inode)
+            if not text.ready():
+                with self._waiting("preparing a manifest", None):
+                    await text.prepare()
+            return text.read(offset, size)
+        if kind is not NodeKind.WAV:
             raise FsError(errno.EISDIR if kind is NodeKind.DIRECTORY else errno.ENOENT)
         return await self._read_wav(await self.wav_source(inode), offset, size)
 
@@ -429,55 +327,23 @@ class Filesystem:
         """What a WAV file serves, indexing its recording first if the library must."""
         source = self._known_wav_source(inode)
         if source is None:
-            await self._shape(self._recording_of(inode))
+            await self._shape(self._view(inode).recording_of(inode))
             source = self._known_wav_source(inode)
             assert source is not None, "indexing did not make the shape known"
         return source
 
-    def _recording_of(self, inode: int) -> int:
-        if inode >= WINDOW_INODE_BASE:
-            return window_of(inode)[0]
-        if inode >= SPAN_INODE_BASE:
-            span = self._spans.get(inode)
-            if span is None:
-                raise FsError(errno.ENOENT)
-            return span[0]
-        if inode >= RECORDING_INODE_BASE:
-            return inode - RECORDING_INODE_BASE
-        return self._library.cut_recording(inode - CUT_INODE_BASE)
-
     def _known_wav_source(self, inode: int) -> WavSource | None:
-        library = self._library
-        if inode >= WINDOW_INODE_BASE:
-            recording_index = window_of(inode)[0]
-            if library.shape(recording_index) is None:
-                return None
-            recording_index, start, end = self._window(inode)
-            return self._served(recording_index, start, end - start, ())
-        if inode >= SPAN_INODE_BASE:
-            span = self._spans.get(inode)
-            if span is None:
-                raise FsError(errno.ENOENT)
-            recording_index, start, end = span
-            return self._served(recording_index, start, end - start, ())
-        if inode >= RECORDING_INODE_BASE:
-            index = inode - RECORDING_INODE_BASE
-            if index >= len(library.recording_ids):
-                raise FsError(errno.ENOENT)
-            shape = library.shape(index)
-            return None if shape is None else self._served(index, 0, shape.num_frames, ())
-        index = inode - CUT_INODE_BASE
-        if not 0 <= index < library.num_cuts:
-            raise FsError(errno.ENOENT)
-        cut = library.cut(index)
-        if cut is None:
-            return None
-        return self._served(cut.recording_index, cut.start_frame, cut.num_frames, cut.channels)
+        span = self._view(inode).audio(inode)
+        return None if span is None else self._served(span)
 
-    def _served(
-        self, recording_index: int, start: int, frames: int, channels: tuple[int, ...]
-    ) -> WavSource:
-        """Frames ``[start, start + frames)`` of a recording (its shape known) as served."""
+    def _served(self, span: AudioSpan) -> WavSource:
+        """A span of a recording (its shape known) as served."""
+        recording_index, start, frames, channels = (
+            span.recording_index,
+            span.start_frame,
+            span.num_frames,
+            span.channels,
+        )
         shape = self._library.shape(recording_index)
         assert shape is not None, "a file is served once its recording's shape is known"
         output_start, output_frames = self._format.span(
@@ -487,17 +353,6 @@ class Filesystem:
             shape.sample_rate, len(channels) or shape.channels, output_frames
         )
         return WavSource(recording_index, start, channels, layout, output_start, shape)
-
-    def _window(self, inode: int) -> tuple[int, int, int]:
-        """(recording, start, end) of a window inode; ENOENT if there is no such window."""
-        recording_index, number = window_of(inode)
-        shape = None
-        if self._windows is not None and recording_index < len(self._library.recording_ids):
-            shape = self._library.shape(recording_index)
-        if shape is None or self._windows is None or number >= self._windows.count(shape):
-            raise FsError(errno.ENOENT)
-        start, end = self._windows.span(shape, number)
-        return recording_index, start, end
 
     def _cut_layout(self, index: int) -> WavLayout | None:
         """A cut file's layout for the manifests, ``None`` until its recording is indexed."""
@@ -597,33 +452,6 @@ class Filesystem:
                 else self._library.recording_ids[recording_index],
             )
 
-    def _directory(self, inode: int) -> Directory:
-        directory = self._table.directory(inode)
-        if directory is None:
-            raise FsError(errno.ENOTDIR if self._table.kind(inode) else errno.ENOENT)
-        return directory
-
-    def _text(self, inode: int) -> bytes:
-        """A volatile text, or a rendered one (see :meth:`_ensure_text`)."""
-        volatile = self._volatile.get(inode)
-        if volatile is not None:
-            return volatile()
-        return self._texts[inode]
-
-    async def _ensure_text(self, inode: int) -> bytes:
-        """A text file's content, rendered on first use (after indexing, if it needs lengths)."""
-        if inode in self._volatile or inode in self._texts:
-            return self._text(inode)
-        name = self._text_inodes[inode]
-        if name in NEEDS_LENGTHS:
-            with self._waiting(f"indexing every recording for {name}", None):
-                await self._index_all()
-        text = self._texts.get(inode)  # another request may have rendered it meanwhile
-        if text is None:
-            text = self._manifests.render(name)
-            self._texts[inode] = text
-        return text
-
     async def _index_all(self) -> None:
         """Index every recording whose shape is unknown, a few at a time."""
         pending = [
@@ -648,28 +476,14 @@ class Filesystem:
 #: of its own, so each has its own value); infinity outside requests.
 _REQUEST_DEADLINE: ContextVar[float] = ContextVar("request_deadline", default=math.inf)
 
-_WAV_KINDS: Final = frozenset({NodeKind.CUT, NodeKind.RECORDING, NodeKind.SPAN, NodeKind.WINDOW})
-
-
-def _stems(
-    table: InodeTable, recordings: Directory, paths: dict[int, str]
-) -> dict[tuple[int, bytes], int]:
-    """(directory inode, name) of each recording's range directory -> recording number.
-
-    ``recordings/a/b.wav`` has its time ranges under ``recordings/a/b/``.
-    """
-    stems = {}
-    for number, path in paths.items():
-        parent_path, _, name = path.removesuffix(".wav").rpartition("/")
-        parent = table.find(recordings, parent_path) if parent_path else recordings.inode
-        assert parent is not None, "add_files made the directories of every path"
-        stems[(parent, name.encode("utf-8", "surrogateescape"))] = number
-    return stems
-
-
-def _seconds_label(frames: int, rate: int) -> str:
-    """Seconds as a short decimal that converts back to exactly ``frames``."""
-    return f"{frames / rate:.6f}".rstrip("0").rstrip(".")
-
-
-__all__ = ["ROOT_INODE", "Attributes", "Filesystem", "FsError", "WavSource"]
+__all__ = [
+    "CONTROL_DIR",
+    "METRICS_FILE",
+    "ROOT_INODE",
+    "STATS_FILE",
+    "Attributes",
+    "Filesystem",
+    "FsError",
+    "WavSource",
+    "Windows",
+]

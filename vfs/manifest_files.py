@@ -27,7 +27,7 @@ import gzip
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from cutfs.codec.errors import CutfsError
@@ -57,18 +57,18 @@ class ManifestFiles:
     def __init__(
         self,
         library: Library,
-        cut_paths: dict[int, str],
+        cut_paths: Sequence[str] | Callable[[int], str],
         cuts_directory: str,
         cut_layout: Callable[[int], WavLayout | None],
     ) -> None:
-        """``cut_paths`` are the cut files' paths relative to ``cuts_directory`` (absolute);
+        """``cut_paths`` gives each cut file's path relative to ``cuts_directory`` (absolute);
         ``cut_layout`` gives a cut file's layout as served (``None`` before indexing)."""
         self._library = library
-        self._cut_paths = cut_paths
+        self._cut_path = cut_paths if callable(cut_paths) else cut_paths.__getitem__
         self._cuts_directory = cuts_directory
         self._cut_layout = cut_layout
-        self._has_text = library.metadata_mentions('"text"')
-        self._has_speaker = library.metadata_mentions('"speaker"')
+        self._has_text = library.metadata_mentions("text")
+        self._has_speaker = library.metadata_mentions("speaker")
 
     def root_names(self) -> list[str]:
         """The root manifests this mount has, in listing order."""
@@ -175,7 +175,7 @@ class ManifestFiles:
         lines = []
         for index in range(self._library.num_cuts):
             metadata = self._library.cut_metadata(index)
-            row: dict[str, Any] = {"file_name": self._cut_paths[index]}
+            row: dict[str, Any] = {"file_name": self._cut_path(index)}
             row.update({k: metadata.get(k) for k in _SUPERVISION_FIELDS if k in metadata})
             lines.append(json.dumps(row, ensure_ascii=False))
         return _lines(lines)
@@ -235,7 +235,7 @@ class ManifestFiles:
     # -- helpers ----------------------------------------------------------------------------
 
     def _cut_file(self, index: int) -> str:
-        return os.path.join(self._cuts_directory, self._cut_paths[index])
+        return os.path.join(self._cuts_directory, self._cut_path(index))
 
     def _cut_frames(self, index: int) -> tuple[int, int, int] | None:
         """(frames, rate, channels) of a cut file, or ``None`` for a cut that cannot be

@@ -111,7 +111,7 @@ def open_source(source: str, cache_dir: str | None, policy: SourcePolicy | None 
     try:
         library: Library
         if os.path.isdir(source) and os.path.exists(os.path.join(source, MANIFEST_FILE)):
-            library = ShardSet(source)
+            library = ShardSet(source, cache_root=cache_dir or default_cache_root())
             return library
         if not os.path.exists(source):
             raise SourceError("no such file or directory", where=source)
