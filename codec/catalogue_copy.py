@@ -22,6 +22,7 @@ from typing import Final
 
 from cutfs.codec.errors import SourceError
 from cutfs.codec.file_tree import TREE_FILES
+from cutfs.codec.kaldi_order import KALDI_ORDER_FILE
 from cutfs.codec.shard_format import (
     CUTS_FILE,
     CUTS_TREE,
@@ -52,6 +53,7 @@ NETWORK_FILESYSTEMS: Final = (
 CATALOGUE_FILES: Final = (
     RECORDINGS_FILE,
     CUTS_FILE,
+    KALDI_ORDER_FILE,
     *(tree + suffix for tree in (CUTS_TREE, RECORDINGS_TREE) for suffix in TREE_FILES),
 )
 

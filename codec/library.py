@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from cutfs.codec.cut import Cut
 from cutfs.codec.decoder import DecodeTrace
 from cutfs.codec.file_tree import FileTree
+from cutfs.codec.kaldi_order import KaldiOrder
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
 from cutfs.codec.source_policy import SourcePolicy
@@ -55,6 +56,10 @@ class Library(Protocol):
     def trees(self) -> tuple[FileTree, FileTree]:
         """The file trees of the cut files and the recording files (cut ``i`` and
         recording ``r`` are the trees' items)."""
+        ...
+
+    def kaldi_order(self) -> KaldiOrder:
+        """The cuts' Kaldi key order (:mod:`cutfs.codec.kaldi_order`)."""
         ...
 
     def describe(self) -> dict[str, Any]:

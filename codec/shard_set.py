@@ -21,6 +21,7 @@ from cutfs.codec.cut_table import CutTable
 from cutfs.codec.decoder import DecodeTrace, decode_frames
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import TREE_FILES, FileTree, served_paths, write_file_tree
+from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
 from cutfs.codec.library import AudioShape
 from cutfs.codec.mapped_table import int_view, read_mapped
 from cutfs.codec.pcm import Int16Array, sample_bytes
@@ -86,8 +87,10 @@ class ShardSet:
             self.cut_start_frames = int_view(cuts, "start_frame")
             self.cut_num_frames = int_view(cuts, "num_frames")
         self._trees: tuple[FileTree, FileTree] | None = None
+        self._order: KaldiOrder | None = None
         if load_cuts:
             self.trees()  # a catalogue that cannot be read is refused at open
+            self.kaldi_order()
         self._readers: dict[int, tuple[memoryview, Any]] = {}
         self._blobs: dict[int, tuple[int, int, int]] = {}
         self._shard_stamps = [file_stamp(os.path.join(directory, n)) for n in self._shard_names]
@@ -137,8 +140,20 @@ class ShardSet:
                     FileTree(os.path.join(self._tables, RECORDINGS_TREE)),
                 )
             else:
-                self._trees = _built_trees(self.cut_ids, self.recording_ids)
+                *trees, self._order = _built_catalogue(self.cut_ids, self.recording_ids)
+                self._trees = (trees[0], trees[1])
         return self._trees
+
+    def kaldi_order(self) -> KaldiOrder:
+        """The cuts' Kaldi key order (:mod:`cutfs.codec.kaldi_order`)."""
+        if self._order is None:
+            if self.version < 2:
+                self.trees()  # builds the order too
+            else:
+                path = os.path.join(self._tables, KALDI_ORDER_FILE)
+                self._order = KaldiOrder(path, self.num_cuts)
+        assert self._order is not None
+        return self._order
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -331,14 +346,21 @@ class ShardSet:
         return opened
 
 
-def _built_trees(cut_ids: Sequence[str], recording_ids: Sequence[str]) -> tuple[FileTree, FileTree]:
-    """File trees of a format-1 directory, written to a private temporary directory and
-    mapped; the files are removed at once (the maps keep them while the mount lives)."""
-    with tempfile.TemporaryDirectory(prefix="cutfs-trees-") as scratch:
+def _built_catalogue(
+    cut_ids: Sequence[str], recording_ids: Sequence[str]
+) -> tuple[FileTree, FileTree, KaldiOrder]:
+    """File trees and Kaldi order of a format-1 directory, written to a private temporary
+    directory and mapped; the files are removed at once (the maps keep them while the
+    mount lives)."""
+    with tempfile.TemporaryDirectory(prefix="cutfs-catalogue-") as scratch:
         cuts, recordings = os.path.join(scratch, CUTS_TREE), os.path.join(scratch, RECORDINGS_TREE)
-        write_file_tree(cuts, served_paths(iter(cut_ids)))
+        ids = pa.array(list(cut_ids), pa.large_string())
+        cut_paths = served_paths(iter(cut_ids))
+        write_file_tree(cuts, cut_paths)
         write_file_tree(recordings, served_paths(iter(recording_ids)))
-        return FileTree(cuts), FileTree(recordings)
+        order = os.path.join(scratch, KALDI_ORDER_FILE)
+        write_kaldi_order(order, ids, cut_paths)
+        return FileTree(cuts), FileTree(recordings), KaldiOrder(order, len(cut_ids))
 
 
 def _identity(directory: str, shard_stamps: list[tuple[int, int, int]]) -> str:
@@ -346,7 +368,7 @@ def _identity(directory: str, shard_stamps: list[tuple[int, int, int]]) -> str:
     digest = hashlib.sha256()
     with contextlib.suppress(OSError), open(os.path.join(directory, MANIFEST_FILE), "rb") as file:
         digest.update(file.read())
-    tables = [RECORDINGS_FILE, CUTS_FILE]
+    tables = [RECORDINGS_FILE, CUTS_FILE, KALDI_ORDER_FILE]
     tables += [f"{tree}{suffix}" for tree in (CUTS_TREE, RECORDINGS_TREE) for suffix in TREE_FILES]
     for name in tables:
         digest.update(repr(file_stamp(os.path.join(directory, name))).encode())

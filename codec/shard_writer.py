@@ -15,6 +15,7 @@ from cutfs.codec.cut import Cut
 from cutfs.codec.cut_table import mentions_of
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import served_paths, write_file_tree
+from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, write_kaldi_order
 from cutfs.codec.recording import Recording
 from cutfs.codec.recording_table import recording_row
 from cutfs.codec.shard_format import (
@@ -75,11 +76,7 @@ class ShardWriter:
         self._close_shard()
         recordings = pa.Table.from_pylist(self._rows, schema=RECORDINGS_SCHEMA)
         write_table(os.path.join(self._directory, RECORDINGS_FILE), recordings)
-        cuts = cuts.cast(CUTS_SCHEMA)
-        write_table(os.path.join(self._directory, CUTS_FILE), cuts)
-        write_file_tree(
-            os.path.join(self._directory, CUTS_TREE), served_paths(cuts.column("cut_id"))
-        )
+        write_cut_catalogue(self._directory, cuts)
         write_file_tree(
             os.path.join(self._directory, RECORDINGS_TREE),
             served_paths(recordings.column("recording_id")),
@@ -89,7 +86,7 @@ class ShardWriter:
             "version": FORMAT_VERSION,
             "shards": self._shards,
             "recordings": len(self._rows),
-            "cuts": cuts.num_rows,
+            "cuts": len(cuts),
             "mentions": mentions_of(cuts.column("metadata")),
             **(extra or {}),
         }
@@ -131,6 +128,16 @@ def _blob_batch(recording_id: str, blob: memoryview) -> pa.RecordBatch:
     values = pa.py_buffer(blob)  # no copy: the writer streams it to the file
     blobs = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, values])
     return pa.RecordBatch.from_arrays([pa.array([recording_id]), blobs], schema=SHARD_SCHEMA)
+
+
+def write_cut_catalogue(directory: str, cuts: pa.Table) -> None:
+    """Write ``cuts`` (of :data:`CUTS_SCHEMA`) as the cuts table of a shard directory, with
+    the file tree and the Kaldi order the mount searches in place."""
+    cuts = cuts.cast(CUTS_SCHEMA)
+    write_table(os.path.join(directory, CUTS_FILE), cuts)
+    cut_paths = served_paths(cuts.column("cut_id"))
+    write_file_tree(os.path.join(directory, CUTS_TREE), cut_paths)
+    write_kaldi_order(os.path.join(directory, KALDI_ORDER_FILE), cuts.column("cut_id"), cut_paths)
 
 
 def cuts_table(cuts: Iterable[Cut]) -> pa.Table:

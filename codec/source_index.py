@@ -52,6 +52,7 @@ from cutfs.codec.cut_table import CutTable, mentions_of
 from cutfs.codec.decoder import DecodeTrace, decode_frames
 from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
 from cutfs.codec.file_tree import FileTree, served_paths, write_file_tree
+from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
 from cutfs.codec.library import AudioShape
 from cutfs.codec.limits import (
     MAX_CHANNELS,
@@ -193,6 +194,9 @@ def prepare_index(source: str, cache_root: str, policy: SourcePolicy | None = No
         write_table(os.path.join(directory, _CUTS), cuts, 0o600)
         cut_paths = served_paths(cuts.column("cut_id"))
         write_file_tree(os.path.join(directory, CUTS_TREE), cut_paths, 0o600)
+        write_kaldi_order(
+            os.path.join(directory, KALDI_ORDER_FILE), cuts.column("cut_id"), cut_paths, 0o600
+        )
         recording_ids = [recording.recording_id for recording in catalogue.recordings]
         write_file_tree(
             os.path.join(directory, RECORDINGS_TREE), served_paths(recording_ids), 0o600
@@ -362,6 +366,7 @@ class SourceIndex:
         ).hexdigest()
         self._cuts: LRUCache[int, Cut] = LRUCache(maxsize=_CUTS_KEPT)
         self._trees: tuple[FileTree, FileTree] | None = None
+        self._order: KaldiOrder | None = None
         #: Recordings whose audio disagrees with their manifest: id -> what differs.
         self.mismatches: dict[str, str] = {}
         if len(self._cut_recordings) and (
@@ -373,6 +378,7 @@ class SourceIndex:
         self._check_numbers()
         if load_cuts:
             self.trees()  # a catalogue that cannot be read is refused at open
+            self.kaldi_order()
 
     def _check_numbers(self) -> None:
         """Refuse catalogue tables whose numbers the readers would never have written."""
@@ -415,6 +421,12 @@ class SourceIndex:
     @property
     def cut_ids(self) -> Sequence[str]:
         return self._cuts_table.ids
+
+    def kaldi_order(self) -> KaldiOrder:
+        """The cuts' Kaldi key order that :func:`prepare_index` wrote."""
+        if self._order is None:
+            self._order = KaldiOrder(os.path.join(self.directory, KALDI_ORDER_FILE), self.num_cuts)
+        return self._order
 
     def trees(self) -> tuple[FileTree, FileTree]:
         """The file trees of the cuts and recordings that :func:`prepare_index` wrote."""

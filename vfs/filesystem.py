@@ -54,7 +54,7 @@ from cutfs.vfs.decode_pool import DecodeDeadlineError
 from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.fs_error import FsError
 from cutfs.vfs.manifest_files import ManifestFiles
-from cutfs.vfs.manifests_view import ManifestsView
+from cutfs.vfs.manifests_view import ManifestsView, WavScp
 from cutfs.vfs.recordings_view import RecordingsView
 from cutfs.vfs.view import CUT_INODE_BASE, ROOT_INODE, AudioSpan, Entry, NodeKind, View
 from cutfs.vfs.windows_view import Windows, WindowsView
@@ -121,13 +121,11 @@ class Filesystem:
         self._frames = frame_source
         self._mountpoint = os.path.abspath(mountpoint)
         cut_tree, recording_tree = library.trees()
+        cuts_directory = os.path.join(self._mountpoint, CUTS_DIR)
+        order = library.kaldi_order()
         manifests = ManifestsView(
-            ManifestFiles(
-                library,
-                cut_tree.path,
-                os.path.join(self._mountpoint, CUTS_DIR),
-                self._cut_layout,
-            ),
+            ManifestFiles(library, cut_tree.path, cuts_directory, self._cut_layout, order),
+            WavScp(order, library.cut_ids, cut_tree.path, cuts_directory),
             self._index_all,
             with_audiofolder=library.num_cuts > 0,
         )

@@ -24,13 +24,15 @@ rendered once all recordings are indexed; the others need only the catalogue.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 from cutfs.codec.errors import CutfsError
+from cutfs.codec.kaldi_order import KaldiOrder, kaldi_key
 from cutfs.codec.library import Library
 from cutfs.codec.wav_layout import WavLayout
 
@@ -46,6 +48,10 @@ AUDIOFOLDER_METADATA: Final = "metadata.jsonl"
 NEMO: Final = "nemo.jsonl"
 UEM: Final = "recordings.uem"
 RTTM: Final = "supervisions.rttm"
+#: Files served gzip-compressed.
+COMPRESSED: Final = frozenset({LHOTSE_CUTS})
+#: Lines rendered at once by :meth:`ManifestFiles.chunks`.
+_LINES_PER_CHUNK: Final = 4096
 #: Root files whose content needs the exact length of every cut.
 NEEDS_LENGTHS: Final = frozenset({SEGMENTS, LHOTSE_CUTS, NEMO, UEM, RTTM})
 _SUPERVISION_FIELDS: Final = ("text", "speaker", "language", "gender")
@@ -60,13 +66,16 @@ class ManifestFiles:
         cut_paths: Sequence[str] | Callable[[int], str],
         cuts_directory: str,
         cut_layout: Callable[[int], WavLayout | None],
+        order: KaldiOrder,
     ) -> None:
         """``cut_paths`` gives each cut file's path relative to ``cuts_directory`` (absolute);
-        ``cut_layout`` gives a cut file's layout as served (``None`` before indexing)."""
+        ``cut_layout`` gives a cut file's layout as served (``None`` before indexing);
+        ``order`` is the cuts' Kaldi key order."""
         self._library = library
         self._cut_path = cut_paths if callable(cut_paths) else cut_paths.__getitem__
         self._cuts_directory = cuts_directory
         self._cut_layout = cut_layout
+        self._order = order
         self._has_text = library.metadata_mentions("text")
         self._has_speaker = library.metadata_mentions("speaker")
 
@@ -80,8 +89,14 @@ class ManifestFiles:
         return names
 
     def render(self, name: str) -> bytes:
-        """The content of a root manifest or of ``cuts/metadata.jsonl``."""
-        renderers: dict[str, Callable[[], bytes]] = {
+        """The whole content of a root manifest or of ``cuts/metadata.jsonl``."""
+        data = b"".join(self.chunks(name))
+        return gzip.compress(data, mtime=0) if name in COMPRESSED else data
+
+    def chunks(self, name: str) -> Iterator[bytes]:
+        """The content of a manifest (uncompressed: see :data:`COMPRESSED`) in pieces of a
+        few thousand lines, so that a caller can write it out with memory to spare."""
+        renderers: dict[str, Callable[[], Iterator[str]]] = {
             WAV_SCP: self._wav_scp,
             SEGMENTS: self._segments,
             TEXT: lambda: self._kaldi_map("text"),
@@ -93,53 +108,53 @@ class ManifestFiles:
             UEM: self._uem,
             RTTM: self._rttm,
         }
-        return renderers[name]()
+        lines = renderers[name]()
+        while True:
+            batch = list(itertools.islice(lines, _LINES_PER_CHUNK))
+            if not batch:
+                return
+            yield _lines(batch)
 
     # -- Kaldi ------------------------------------------------------------------------------
 
-    def _keys(self) -> list[tuple[str, int]]:
-        keys = [(kaldi_key(cut_id), index) for index, cut_id in enumerate(self._library.cut_ids)]
-        keys.sort(key=lambda pair: pair[0].encode("utf-8", "surrogateescape"))
-        return keys
+    def _keys(self) -> Iterator[tuple[str, int]]:
+        """(Kaldi key, cut) in key order, read from the stored order."""
+        ids = self._library.cut_ids
+        for cut in self._order.cuts:
+            index = int(cut)
+            yield kaldi_key(ids[index]), index
 
-    def _wav_scp(self) -> bytes:
-        return _lines(f"{key} {self._cut_file(index)}" for key, index in self._keys())
+    def _wav_scp(self) -> Iterator[str]:
+        return (f"{key} {self._cut_file(index)}" for key, index in self._keys())
 
-    def _segments(self) -> bytes:
-        lines = []
+    def _segments(self) -> Iterator[str]:
         for key, index in self._keys():
             found = self._cut_frames(index)
-            if found is None:
-                continue
-            frames, rate, _ = found
-            lines.append(f"{key} {key} 0.000 {frames / rate:.6f}")
-        return _lines(lines)
+            if found is not None:
+                frames, rate, _ = found
+                yield f"{key} {key} 0.000 {frames / rate:.6f}"
 
-    def _kaldi_map(self, field: str) -> bytes:
-        lines = []
+    def _kaldi_map(self, field: str) -> Iterator[str]:
         for key, index in self._keys():
             value = self._library.cut_metadata(index).get(field)
             if isinstance(value, str) and value:
-                lines.append(f"{key} {' '.join(value.split())}")
-        return _lines(lines)
+                yield f"{key} {' '.join(value.split())}"
 
-    def _spk2utt(self) -> bytes:
+    def _spk2utt(self) -> Iterator[str]:
         speakers: dict[str, list[str]] = {}
         for key, index in self._keys():
             speaker = self._library.cut_metadata(index).get("speaker")
             if isinstance(speaker, str) and speaker:
                 speakers.setdefault(kaldi_key(speaker), []).append(key)
-        return _lines(f"{speaker} {' '.join(keys)}" for speaker, keys in sorted(speakers.items()))
+        return (f"{speaker} {' '.join(keys)}" for speaker, keys in sorted(speakers.items()))
 
     # -- Lhotse and HuggingFace -------------------------------------------------------------
 
-    def _lhotse_cuts(self) -> bytes:
-        lines = []
+    def _lhotse_cuts(self) -> Iterator[str]:
         for index, cut_id in enumerate(self._library.cut_ids):
             cut = self._lhotse_cut(index, cut_id)
             if cut is not None:
-                lines.append(json.dumps(cut, ensure_ascii=False))
-        return gzip.compress(_lines(lines), mtime=0)
+                yield json.dumps(cut, ensure_ascii=False)
 
     def _lhotse_cut(self, index: int, cut_id: str) -> dict[str, Any] | None:
         found = self._cut_frames(index)
@@ -171,19 +186,16 @@ class ManifestFiles:
             cut["custom"] = metadata["custom"]
         return cut
 
-    def _audiofolder(self) -> bytes:
-        lines = []
+    def _audiofolder(self) -> Iterator[str]:
         for index in range(self._library.num_cuts):
             metadata = self._library.cut_metadata(index)
             row: dict[str, Any] = {"file_name": self._cut_path(index)}
             row.update({k: metadata.get(k) for k in _SUPERVISION_FIELDS if k in metadata})
-            lines.append(json.dumps(row, ensure_ascii=False))
-        return _lines(lines)
+            yield json.dumps(row, ensure_ascii=False)
 
     # -- NeMo and pyannote -----------------------------------------------------------------
 
-    def _nemo(self) -> bytes:
-        lines = []
+    def _nemo(self) -> Iterator[str]:
         for index in range(self._library.num_cuts):
             found = self._cut_frames(index)
             if found is None:
@@ -197,19 +209,18 @@ class ManifestFiles:
             text = self._library.cut_metadata(index).get("text")
             if isinstance(text, str):
                 row["text"] = text
-            lines.append(json.dumps(row, ensure_ascii=False))
-        return _lines(lines)
+            yield json.dumps(row, ensure_ascii=False)
 
-    def _uem(self) -> bytes:
+    def _uem(self) -> Iterator[str]:
         lines = []
         for number, recording_id in enumerate(self._library.recording_ids):
             shape = self._library.shape(number)
             if shape is not None:
                 end = shape.num_frames / shape.sample_rate
                 lines.append(f"{kaldi_key(recording_id)} 1 0.000 {end:.6f}")
-        return _lines(sorted(lines))
+        return iter(sorted(lines))
 
-    def _rttm(self) -> bytes:
+    def _rttm(self) -> Iterator[str]:
         turns: list[tuple[str, float, float, str]] = []
         for index in range(self._library.num_cuts):
             found = self._cut_frames(index)
@@ -227,7 +238,7 @@ class ManifestFiles:
                     start = cut_start + supervision["start"]
                     turns.append((uri, start, supervision["duration"], kaldi_key(speaker)))
         turns.sort()
-        return _lines(
+        return (
             f"SPEAKER {uri} 1 {start:.3f} {duration:.3f} <NA> <NA> {speaker} <NA> <NA>"
             for uri, start, duration, speaker in turns
         )
@@ -247,14 +258,6 @@ class ManifestFiles:
             return None
         assert layout is not None, "rendering lengths before the recordings are indexed"
         return layout.num_frames, layout.sample_rate, layout.channels
-
-
-def kaldi_key(identifier: str) -> str:
-    """An id as a Kaldi key: whitespace (which would split the line) is percent-encoded."""
-    if identifier and not any(character.isspace() for character in identifier):
-        return identifier
-    encoded = (f"%{ord(c):02X}" if c.isspace() or c == "%" else c for c in identifier)
-    return "".join(encoded) or "%"
 
 
 def _supervisions(cut_id: str, metadata: dict[str, Any], duration: float) -> list[dict[str, Any]]:

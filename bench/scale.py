@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""How a mount behaves as the catalogue grows: 10 000, 1 000 000 and 10 000 000 cuts.
+
+    .venv/bin/python bench/scale.py                      # 10k, 1M, 10M (about 15 minutes)
+    .venv/bin/python bench/scale.py --cuts 10000 100000  # any sizes
+
+Four 30-minute FLAC recordings are generated (sox) and packed with ``cutfs pack``; each
+size then gets a shard directory that shares those shards and has a catalogue of N cuts
+written by the packer's own catalogue writer: 10 s cuts at random places, ids
+``s<dir>/u<number>`` with 2 000 cuts per directory, metadata ``{"text": ...}``.  Each
+directory is mounted for real (``cutfs mount``, two decoder workers) and measured:
+
+* mount: seconds from starting ``cutfs mount`` to the mount answering;
+* PSS of the daemon and its workers (sum of ``Pss`` in ``/proc/PID/smaps_rollup``) after
+  mounting, and again after everything below;
+* lookup: median and p99 of ``os.stat`` of cut files never looked up before;
+* listing: ``os.listdir`` of a directory of 2 000 cuts, first time;
+* missing names: ``os.stat`` of names that do not exist (must be ENOENT);
+* reads: median time to read a whole random cut (cold for the daemon);
+* wav.scp: seconds to its first megabyte, seconds to read it all, and its line count.
+
+Results go to docs/bench/scale.md and scale.json.  The machine is shared and noisy:
+compare within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from cutfs.codec.shard_format import CUTS_SCHEMA, MANIFEST_FILE
+from cutfs.codec.shard_writer import write_cut_catalogue
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
+RATE = 16000
+RECORDINGS = 4
+RECORDING_SECONDS = 1800
+CUT_FRAMES = 10 * RATE
+PER_DIRECTORY = 2000
+LOOKUPS = 2000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cuts", type=int, nargs="+", default=[10_000, 1_000_000, 10_000_000])
+    parser.add_argument("--work", type=Path, default=REPOSITORY / "bench" / "out-scale")
+    parser.add_argument("--out", type=Path, default=REPOSITORY / "docs" / "bench")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    base = _base_shards(args.work)
+    results = []
+    for count in args.cuts:
+        directory = _catalogue(base, args.work / f"cuts-{count}", count)
+        result = _measure(directory, args.work / f"mnt-{count}", count)
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scale.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / "scale.md").write_text(_table(results))
+    print(_table(results))
+    return 0
+
+
+def _base_shards(work: Path) -> Path:
+    """Four 30-minute 16 kHz FLAC recordings, packed (made once per work directory)."""
+    shards = work / "base"
+    if (shards / MANIFEST_FILE).exists():
+        return shards
+    audio = work / "audio"
+    audio.mkdir(exist_ok=True)
+    lines = []
+    for number in range(RECORDINGS):
+        path = audio / f"rec{number}.flac"
+        if not path.exists():
+            subprocess.run(
+                [
+                    "sox",
+                    "-n",
+                    "-r",
+                    str(RATE),
+                    "-c",
+                    "1",
+                    "-b",
+                    "16",
+                    str(path),
+                    "synth",
+                    str(RECORDING_SECONDS),
+                    "pinknoise",
+                    "vol",
+                    "0.3",
+                ],
+                check=True,
+            )
+        lines.append(f"rec{number} {path}\n")
+    kaldi = work / "kaldi"
+    kaldi.mkdir(exist_ok=True)
+    (kaldi / "wav.scp").write_text("".join(lines))
+    subprocess.run([*CUTFS, "pack", str(kaldi), "-o", str(shards)], check=True)
+    return shards
+
+
+def _catalogue(base: Path, directory: Path, count: int) -> Path:
+    """``base``'s shards (hard links) with a catalogue of ``count`` cuts."""
+    if (directory / MANIFEST_FILE).exists():
+        return directory
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    for item in base.iterdir():
+        if item.name.startswith("shard-") or item.name.startswith("recordings"):
+            os.link(item, directory / item.name)
+    started = time.perf_counter()
+    rng = np.random.default_rng(count)
+    numbers = np.arange(count, dtype=np.int64)
+    ids = (
+        pa.array([f"s{n // PER_DIRECTORY:05d}/u{n:09d}" for n in range(count)], pa.string())
+        if count <= 1_000_000
+        else _ids(numbers)
+    )
+    recordings = rng.integers(0, RECORDINGS, count, dtype=np.int64)
+    starts = rng.integers(0, RECORDING_SECONDS * RATE - CUT_FRAMES, count, dtype=np.int64)
+    metadata = pa.array(['{"text": "hello world"}'] * count, pa.string())
+    channels = pa.ListArray.from_arrays(
+        pa.array(np.zeros(count + 1, dtype=np.int32)), pa.array([], pa.int16())
+    )
+    cuts = pa.table(
+        [
+            ids,
+            pa.array(recordings, pa.int32()),
+            pa.array(starts),
+            pa.array(np.full(count, CUT_FRAMES, dtype=np.int64)),
+            channels,
+            metadata,
+        ],
+        schema=CUTS_SCHEMA,
+    )
+    write_cut_catalogue(str(directory), cuts)
+    manifest = json.loads((base / MANIFEST_FILE).read_text())
+    manifest.update(cuts=count, mentions={"text": True, "speaker": False})
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
+    print(f"catalogue of {count} cuts written in {time.perf_counter() - started:.1f} s", flush=True)
+    return directory
+
+
+def _ids(numbers: np.ndarray) -> pa.Array:
+    """``s<dir>/u<number>`` for many numbers without a Python string each."""
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    directories = pc.utf8_lpad(pc.cast(pa.array(numbers // PER_DIRECTORY), pa.string()), 5, "0")
+    cuts = pc.utf8_lpad(pc.cast(pa.array(numbers), pa.string()), 9, "0")
+    return pc.binary_join_element_wise("s", directories, "/u", cuts, "")
+
+
+def _measure(directory: Path, mountpoint: Path, count: int) -> dict[str, Any]:
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    started = time.perf_counter()
+    subprocess.run([*CUTFS, "mount", str(directory), str(mountpoint), "--workers", "2"], check=True)
+    os.stat(mountpoint / "cuts")
+    mount_seconds = time.perf_counter() - started
+    try:
+        pss_mounted = _pss(mountpoint)
+        rng = random.Random(count)
+        numbers = rng.sample(range(count), min(LOOKUPS, count))
+        lookups = []
+        for number in numbers:
+            path = mountpoint / "cuts" / f"s{number // PER_DIRECTORY:05d}" / f"u{number:09d}.wav"
+            begun = time.perf_counter()
+            size = os.stat(path).st_size
+            lookups.append(time.perf_counter() - begun)
+            assert size == 44 + 2 * CUT_FRAMES, size
+        missing = 0
+        for number in numbers[:200]:
+            try:
+                os.stat(mountpoint / "cuts" / f"s{number // PER_DIRECTORY:05d}" / f"x{number}.wav")
+            except FileNotFoundError as exc:
+                missing += exc.errno == errno.ENOENT
+        directory_number = rng.randrange(max(count // PER_DIRECTORY, 1))
+        begun = time.perf_counter()
+        listed = os.listdir(mountpoint / "cuts" / f"s{directory_number:05d}")
+        listing_seconds = time.perf_counter() - begun
+        reads = []
+        for number in numbers[:30]:
+            path = mountpoint / "cuts" / f"s{number // PER_DIRECTORY:05d}" / f"u{number:09d}.wav"
+            begun = time.perf_counter()
+            data = path.read_bytes()
+            reads.append(time.perf_counter() - begun)
+            assert len(data) == 44 + 2 * CUT_FRAMES
+        begun = time.perf_counter()
+        lines = 0
+        first_megabyte = None
+        with open(mountpoint / "wav.scp", "rb") as scp:
+            while chunk := scp.read(1 << 20):
+                if first_megabyte is None:
+                    first_megabyte = time.perf_counter() - begun
+                lines += chunk.count(b"\n")
+        scp_seconds = time.perf_counter() - begun
+        pss_after = _pss(mountpoint)
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
+    lookups.sort()
+    catalogue_bytes = sum(
+        item.stat().st_size for item in directory.iterdir() if not item.name.startswith("shard-")
+    )
+    return {
+        "cuts": count,
+        "catalogue_bytes": catalogue_bytes,
+        "mount_seconds": round(mount_seconds, 2),
+        "pss_mounted_mb": round(pss_mounted / 1e6, 1),
+        "pss_after_mb": round(pss_after / 1e6, 1),
+        "lookup_median_us": round(statistics.median(lookups) * 1e6, 1),
+        "lookup_p99_us": round(lookups[int(len(lookups) * 0.99) - 1] * 1e6, 1),
+        "missing_enoent": f"{missing}/{min(200, len(numbers))}",
+        "listing_entries": len(listed),
+        "listing_ms": round(listing_seconds * 1e3, 2),
+        "read_median_ms": round(statistics.median(reads) * 1e3, 2),
+        "wav_scp_first_mb_s": round(first_megabyte or 0.0, 3),
+        "wav_scp_seconds": round(scp_seconds, 1),
+        "wav_scp_lines": lines,
+    }
+
+
+def _pss(mountpoint: Path) -> int:
+    """Proportional memory of the daemon serving ``mountpoint`` and its workers, in bytes."""
+    total = 0
+    for pid in _daemon_pids(mountpoint):
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("Pss:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def _daemon_pids(mountpoint: Path) -> list[int]:
+    """The ``cutfs mount`` process of ``mountpoint`` and its children."""
+    daemons = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"mount" in command and str(mountpoint).encode() in command:
+            daemons.append(int(entry.name))
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) in daemons:
+                children.append(int(entry.name))
+    return daemons + children
+
+
+def _table(results: list[dict[str, Any]]) -> str:
+    rows = [
+        ("cuts", "cuts"),
+        ("catalogue on disk (MB)", "catalogue_bytes"),
+        ("mount ready (s)", "mount_seconds"),
+        ("PSS after mount (MB)", "pss_mounted_mb"),
+        ("PSS after all below (MB)", "pss_after_mb"),
+        ("lookup median (us)", "lookup_median_us"),
+        ("lookup p99 (us)", "lookup_p99_us"),
+        ("missing names: ENOENT", "missing_enoent"),
+        ("listing: entries", "listing_entries"),
+        ("listing (ms)", "listing_ms"),
+        ("read a 10 s cut, median (ms)", "read_median_ms"),
+        ("wav.scp first MB (s)", "wav_scp_first_mb_s"),
+        ("wav.scp whole (s)", "wav_scp_seconds"),
+        ("wav.scp lines", "wav_scp_lines"),
+    ]
+    header = "| | " + " | ".join(f"{r['cuts']:,}" for r in results) + " |\n"
+    header += "|---|" + "---:|" * len(results) + "\n"
+    body = ""
+    for label, key in rows[1:]:
+        values = []
+        for result in results:
+            value = result[key]
+            values.append(f"{value / 1e6:.0f}" if key == "catalogue_bytes" else str(value))
+        body += f"| {label} | " + " | ".join(values) + " |\n"
+    return "# Scale: one mount, growing catalogues\n\n" + header + body
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The mapped catalogue without FUSE: Kaldi order, wav.scp served in pieces, manifests
+spilled in chunks, shard directories of format 1 and 2, and views answering on their own."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import trio
+
+from cutfs.codec.file_tree import served_paths
+from cutfs.codec.kaldi_order import KaldiOrder, kaldi_key, write_kaldi_order
+from cutfs.codec.packer import pack
+from cutfs.codec.path_escape import escape_id
+from cutfs.codec.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDINGS_FILE
+from cutfs.codec.shard_set import ShardSet
+from cutfs.vfs.cuts_view import CutsView
+from cutfs.vfs.manifests_view import SpilledText, WavScp
+from cutfs.vfs.view import CUT_DIRECTORY_BASE, CUT_INODE_BASE
+
+IDS = [
+    "spk2/utt-b",
+    "spk1/utt-a",
+    "with space",
+    "tab\there",
+    "100%",
+    "é/ü",
+    "a",
+    "a.wav/b",  # clashes with a's file: escaped
+    "Z",
+    "",
+    "../up",
+]
+
+
+def _reference_wav_scp(ids: list[str], cuts_directory: str) -> bytes:
+    """Independently of the code under test: one line per cut, sorted by key bytes."""
+    lines = []
+    paths = served_paths(ids).to_pylist()
+    for identifier, path in zip(ids, paths, strict=True):
+        key = identifier
+        if not identifier or any(c.isspace() for c in identifier):
+            key = "".join(f"%{ord(c):02X}" if c.isspace() or c == "%" else c for c in identifier)
+            key = key or "%"
+        lines.append(f"{key} {cuts_directory}/{path}\n".encode())
+    lines.sort(key=lambda line: line.split(b" ", 1)[0])
+    return b"".join(lines)
+
+
+def _wav_scp(tmp_path: Path, ids: list[str], cuts_directory: str) -> WavScp:
+    paths = served_paths(ids)
+    write_kaldi_order(str(tmp_path / "order.arrow"), pa.array(ids), paths)
+    order = KaldiOrder(str(tmp_path / "order.arrow"), len(ids))
+    return WavScp(order, ids, paths.to_pylist().__getitem__, cuts_directory)
+
+
+def test_wav_scp_in_any_pieces_equals_the_sorted_reference(tmp_path: Path) -> None:
+    ids = IDS + [f"spk{n % 13}/utt-{n:06d}" for n in range(3000)]
+    random.Random(7).shuffle(ids)
+    cuts_directory = "/mnt/corpus with space/cuts"
+    expected = _reference_wav_scp(ids, cuts_directory)
+    served = _wav_scp(tmp_path, ids, cuts_directory)
+    assert served.size_bytes() == len(expected)
+    assert served.read(0, len(expected) + 100) == expected
+    rng = random.Random(1)
+    for _ in range(300):
+        offset = rng.randrange(0, len(expected) + 10)
+        size = rng.choice([1, 7, 4096, 131072, rng.randrange(0, 5000)])
+        assert served.read(offset, size) == expected[offset : offset + size]
+    pieces = [served.read(offset, 4096) for offset in range(0, len(expected), 4096)]
+    assert b"".join(pieces) == expected
+
+
+def test_kaldi_keys_match_the_reference_rule(tmp_path: Path) -> None:
+    assert kaldi_key("a b") == "a%20b" and kaldi_key("x%y") == "x%y" and kaldi_key("") == "%"
+    assert kaldi_key("a%\u3000") == "a%25%3000"
+
+
+def test_spilled_manifest_streams_chunks_and_compresses_them() -> None:
+    lines = [f"line {n} {'x' * (n % 50)}\n".encode() for n in range(20000)]
+
+    def chunks():  # type: ignore[no-untyped-def]
+        for start in range(0, len(lines), 1000):
+            yield b"".join(lines[start : start + 1000])
+
+    async def main() -> tuple[bytes, bytes, int]:
+        plain = SpilledText(chunks, compressed=False, index_all=None)
+        packed = SpilledText(chunks, compressed=True, index_all=None)
+        assert not plain.ready()
+        await plain.prepare()
+        await packed.prepare()
+        whole = plain.read(0, plain.size_bytes())
+        middle = plain.read(1000, 10)
+        assert middle == whole[1000:1010]
+        return whole, packed.read(0, packed.size_bytes()), plain.size_bytes()
+
+    whole, compressed, size = trio.run(main)
+    assert whole == b"".join(lines) and size == len(whole)
+    assert gzip.decompress(compressed) == whole
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory, corpus: dict[str, str]) -> Path:
+    root = tmp_path_factory.mktemp("catalogue")
+    flac = corpus["flac_mono_16k.flac"]
+    cuts = [
+        {
+            "id": identifier or "empty",
+            "start": 0.5 * n,
+            "duration": 1.0,
+            "channel": 0,
+            "recording": {
+                "id": "rec",
+                "sources": [{"type": "file", "channels": [0], "source": flac}],
+                "sampling_rate": 16000,
+                "num_samples": 16000 * 10,
+                "duration": 10.0,
+                "channel_ids": [0],
+            },
+            "supervisions": [],
+            "type": "MonoCut",
+        }
+        for n, identifier in enumerate(IDS)
+    ]
+    manifest = root / "cuts.jsonl"
+    manifest.write_text("".join(json.dumps(cut) + "\n" for cut in cuts))
+    pack([str(manifest)], str(root / "shards"))
+    return root / "shards"
+
+
+def corpus_flac(packed: Path) -> str:
+    return str(
+        json.loads((packed.parent / "cuts.jsonl").read_text().splitlines()[0])["recording"][
+            "sources"
+        ][0]["source"]
+    )
+
+
+def test_a_format_2_directory_maps_its_catalogue(packed: Path) -> None:
+    with ShardSet(str(packed)) as shards:
+        assert shards.version == 2
+        cut_tree, recording_tree = shards.trees()
+        assert cut_tree.item_count == shards.num_cuts == len(IDS)
+        for number, identifier in enumerate(shards.cut_ids):
+            assert cut_tree.find(cut_tree.path(number)) == number
+            assert identifier in {i or "empty" for i in IDS}
+        assert recording_tree.find("rec.wav") == 0
+        name, start, end = shards.blob_location(0)
+        with open(packed / name, "rb") as shard:  # the stored offset is where the FLAC is
+            shard.seek(start)
+            assert shard.read(4) == b"fLaC"
+        assert end - start == Path(corpus_flac(packed)).stat().st_size
+
+
+def test_a_format_1_directory_still_mounts_with_the_same_catalogue(
+    packed: Path, tmp_path: Path
+) -> None:
+    old = tmp_path / "old"
+    shutil.copytree(packed, old)
+    for name in list(old.iterdir()):
+        if (
+            name.name not in (MANIFEST_FILE, RECORDINGS_FILE, CUTS_FILE)
+            and "shard-" not in name.name
+        ):
+            name.unlink()
+    manifest = json.loads((old / MANIFEST_FILE).read_text())
+    manifest["version"] = 1
+    (old / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pa.OSFile(str(old / RECORDINGS_FILE), "rb") as source:  # a copy: the file is rewritten
+        table = pa.ipc.open_file(source).read_all()
+    table = table.drop_columns(["blob_offset"])
+    with (
+        pa.OSFile(str(old / RECORDINGS_FILE), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema) as writer,
+    ):
+        writer.write_table(table)
+    with ShardSet(str(packed)) as new, ShardSet(str(old)) as legacy:
+        assert legacy.version == 1
+        assert list(legacy.cut_ids) == list(new.cut_ids)
+        assert legacy.blob_location(0) == new.blob_location(0)
+        assert legacy.kaldi_order().cuts.tolist() == new.kaldi_order().cuts.tolist()
+        cut = new.cut(0)
+        assert (
+            legacy.read_frames(0, cut.start_frame, cut.end_frame)
+            == new.read_frames(0, cut.start_frame, cut.end_frame)
+        ).all()
+
+
+def test_the_cuts_view_looks_up_and_lists_without_a_mount(packed: Path) -> None:
+    with ShardSet(str(packed)) as shards:
+        cut_tree, _ = shards.trees()
+        view = CutsView(shards, cut_tree, [(b"metadata.jsonl", 5)])
+        top = CUT_DIRECTORY_BASE
+
+        async def lookup(directory: int, name: bytes) -> int | None:
+            return await view.lookup(directory, name, 0)
+
+        spk1 = trio.run(lookup, top, b"spk1")
+        assert spk1 is not None and view.parent(spk1) == top
+        inode = trio.run(lookup, spk1, b"utt-a.wav")
+        assert inode is not None and shards.cut_ids[inode - CUT_INODE_BASE] == "spk1/utt-a"
+        span = view.audio(inode)
+        assert span is not None and span.num_frames == 16000
+        assert trio.run(lookup, top, b"missing.wav") is None
+        assert trio.run(lookup, top, b"metadata.jsonl") == 5
+        listing = view.listing(top)
+        names = [name for name, _ in listing]
+        assert names[-1] == b"metadata.jsonl" and names[:-1] == sorted(names[:-1])
+        assert listing[2:4] == [listing[2], listing[3]]  # offsets are stable rows
+        escaped = escape_id("with space").encode()
+        assert trio.run(lookup, top, escaped) is not None
