@@ -6,12 +6,17 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutfs.codec.mapped_table import BinaryColumn, ListColumn, StringColumn, int_view, single_chunk
+from cutfs.codec.mapped_table import (
+    BinaryColumn,
+    ListColumn,
+    StringColumn,
+    native_int_view,
+    single_chunk,
+)
 
 #: Metadata fields whose presence the manifests ask about (``text``, speaker maps).
 MENTIONED_FIELDS: Final = ("text", "speaker")
@@ -30,7 +35,8 @@ class CutTable:
         metadata has it, as recorded when the table was written; without it
         :meth:`metadata_mentions` scans the metadata column."""
         self.ids = StringColumn.of(table, "cut_id")
-        self.recordings: npt.NDArray[np.int64] = int_view(table, "recording")
+        #: Each cut's recording number, as stored (int32): a view, read per cut.
+        self.recordings: npt.NDArray[Any] = native_int_view(table, "recording")
         self._channels = ListColumn.of(table, "channels")
         self._metadata_array = single_chunk(table, "metadata")
         self._metadata = BinaryColumn(self._metadata_array)

@@ -10,15 +10,34 @@ copy) every page, which is why they are avoided here.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
+import weakref
 from collections.abc import Sequence
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from cutfs.codec.errors import ShardFormatError
+
+#: Every map made by :func:`read_mapped` that is still alive (see :func:`release_mapped_pages`).
+_MAPS: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
+
+
+def release_mapped_pages() -> None:
+    """Drop the pages of every table map from this process's page tables (MADV_DONTNEED).
+
+    The pages stay in the kernel's page cache, as any file's; the next access
+    faults them back in from there (a minor fault).  Called now and then by a
+    mount, so that what a scan of the catalogue touched (rendering all of
+    ``wav.scp`` reads every id) is not counted as the daemon's memory for the
+    rest of its life.
+    """
+    for mapped in list(_MAPS):
+        with contextlib.suppress(ValueError, OSError):  # closed meanwhile
+            mapped.madvise(mmap.MADV_DONTNEED)
 
 
 def read_mapped(path: str, required: pa.Schema | None = None) -> pa.Table:
@@ -33,6 +52,7 @@ def read_mapped(path: str, required: pa.Schema | None = None) -> pa.Table:
             mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
         if hasattr(mmap, "MADV_RANDOM"):
             mapped.madvise(mmap.MADV_RANDOM)
+        _MAPS.add(mapped)
         table = pa.ipc.open_file(pa.py_buffer(mapped)).read_all()
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise ShardFormatError(f"cannot read table: {exc}", where=path) from exc
@@ -62,15 +82,20 @@ def single_chunk(table: pa.Table, name: str) -> pa.Array:
 
 
 def int_view(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
-    """An integer column as int64: a view of the mapped buffer when it is stored as int64."""
+    """An integer column as int64: a view of the mapped buffer when it is stored as int64,
+    else a widened copy (for small tables: see :func:`native_int_view`)."""
+    values = native_int_view(table, name)
+    return values if values.dtype == np.int64 else values.astype(np.int64)
+
+
+def native_int_view(table: pa.Table, name: str) -> npt.NDArray[Any]:
+    """An integer column as stored (int32, uint32, ...), a view of the mapped buffer: no
+    copy, whatever its width (a column of millions is not read at open)."""
     array = single_chunk(table, name)
     if not pa.types.is_integer(array.type):
         raise ShardFormatError(f"column {name!r} is not of integers")
     width = np.dtype(array.type.to_pandas_dtype())
-    values = np.frombuffer(array.buffers()[1], dtype=width)[
-        array.offset : array.offset + len(array)
-    ]
-    return values if width == np.int64 else values.astype(np.int64)
+    return np.frombuffer(array.buffers()[1], dtype=width)[array.offset : array.offset + len(array)]
 
 
 def float_view(table: pa.Table, name: str) -> npt.NDArray[np.float64]:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import mmap
 import os
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from cutfs.codec.cut import Cut
 from cutfs.codec.cut_table import mentions_of
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import served_paths, write_file_tree
@@ -71,8 +69,9 @@ class ShardWriter:
         return len(self._rows) - 1
 
     def finish(self, cuts: pa.Table, extra: dict[str, Any] | None = None) -> None:
-        """Write the recordings and cuts tables (``cuts`` as :func:`cuts_table` makes it),
-        their file trees, and the manifest, last."""
+        """Write the recordings and cuts tables (``cuts`` of :data:`CUTS_SCHEMA`, recordings
+        numbered as :meth:`add_recording` returned them), their file trees and the manifest,
+        last."""
         self._close_shard()
         recordings = pa.Table.from_pylist(self._rows, schema=RECORDINGS_SCHEMA)
         write_table(os.path.join(self._directory, RECORDINGS_FILE), recordings)
@@ -138,22 +137,6 @@ def write_cut_catalogue(directory: str, cuts: pa.Table) -> None:
     cut_paths = served_paths(cuts.column("cut_id"))
     write_file_tree(os.path.join(directory, CUTS_TREE), cut_paths)
     write_kaldi_order(os.path.join(directory, KALDI_ORDER_FILE), cuts.column("cut_id"), cut_paths)
-
-
-def cuts_table(cuts: Iterable[Cut]) -> pa.Table:
-    """The cuts table of :data:`CUTS_SCHEMA` for ``cuts``."""
-    cuts = list(cuts)
-    return pa.Table.from_pydict(
-        {
-            "cut_id": [cut.cut_id for cut in cuts],
-            "recording": [cut.recording_index for cut in cuts],
-            "start_frame": [cut.start_frame for cut in cuts],
-            "num_frames": [cut.num_frames for cut in cuts],
-            "channels": [list(cut.channels) for cut in cuts],
-            "metadata": [cut.metadata_json for cut in cuts],
-        },
-        schema=CUTS_SCHEMA,
-    )
 
 
 def blob_spans(path: str) -> list[tuple[int, int]]:

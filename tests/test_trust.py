@@ -239,13 +239,13 @@ def test_kaldi_files_may_use_tabs(tmp_path: Path, corpus: dict[str, str]) -> Non
     (data / "wav.scp").write_text(f"rec1\t{corpus[FLAC]}\n")
     (data / "segments").write_text("utt1\trec1\t1.0\t2.5\nutt2 rec1\t3\t-1\nutt3 rec1 4 -1.00\n")
     (data / "text").write_text("utt1\thello world\n")
-    catalogue = read_source([str(data)])
-    assert [cut.cut_id for cut in catalogue.cuts] == ["utt1", "utt2", "utt3"]
-    assert catalogue.cuts[2].duration_seconds is None  # any negative end: to the end
-    assert catalogue.cuts[0].start_seconds == 1.0
-    assert catalogue.cuts[0].duration_seconds == 1.5
-    assert catalogue.cuts[1].duration_seconds is None
-    assert catalogue.cuts[0].metadata["text"] == "hello world"
+    cuts = list(read_source([str(data)]).cuts)
+    assert [cut.cut_id for cut in cuts] == ["utt1", "utt2", "utt3"]
+    assert cuts[2].duration_seconds is None  # any negative end: to the end
+    assert cuts[0].start_seconds == 1.0
+    assert cuts[0].duration_seconds == 1.5
+    assert cuts[1].duration_seconds is None
+    assert cuts[0].metadata["text"] == "hello world"
     (data / "segments").write_text("utt1 rec1 nan 2.5\n")
     with pytest.raises(SourceError, match="utt1"):
         read_source([str(data)])

@@ -192,3 +192,23 @@ def test_any_slice_of_a_resampled_signal_equals_resample_poly(
     low, high = resampler.input_span(first, end, len(signal))
     actual = resampler.resample(signal[low:high], low, first, end)
     assert np.abs(actual - expected[first:end]).max() < 1e-6
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(0, 7 * 24 * 3600, allow_nan=False),
+            st.integers(0, 10**7).map(lambda n: n / 32000),  # exact half frames at 16 kHz
+            st.integers(0, 10**6).map(lambda n: n * 0.01 + 0.005),
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    st.sampled_from([8000, 16000, 22050, 44100, 48000, 768000]),
+)
+def test_vectorised_frames_round_as_lhotse_does(seconds: list[float], rate: int) -> None:
+    from cutfs.codec.packer import _frames  # noqa: PLC0415 - the one place it is tested
+
+    values = np.array(seconds, dtype=np.float64)
+    got = _frames(values, np.full(len(values), rate, dtype=np.int64))
+    assert got.tolist() == [seconds_to_frames(value, rate) for value in seconds]

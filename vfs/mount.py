@@ -25,6 +25,7 @@ import trio
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
+from cutfs.codec.mapped_table import release_mapped_pages
 from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.shard_set import ShardSet
@@ -310,10 +311,24 @@ async def _run(
         nursery.start_soon(pool.watch)
         nursery.start_soon(tune_kernel)
         nursery.start_soon(report_indexing)
+        nursery.start_soon(_release_catalogue_pages)
         on_ready()
         _notify_systemd("READY=1")
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
+
+
+#: How often the catalogue's mapped pages are dropped from the daemon's page tables.
+_RELEASE_PAGES_SECONDS = 10.0
+
+
+async def _release_catalogue_pages() -> None:
+    """Every 10 s, release the catalogue pages the daemon mapped (see
+    :func:`cutfs.codec.mapped_table.release_mapped_pages`): its memory then stays what it
+    holds, not what a scan of millions of rows once touched."""
+    while True:
+        await trio.sleep(_RELEASE_PAGES_SECONDS)
+        release_mapped_pages()
 
 
 #: How often the first indexing of a source served in place is reported in the log.

@@ -35,7 +35,13 @@ import pyarrow.parquet as pq
 
 from cutfs.codec.errors import SourceError
 from cutfs.codec.limits import parse_seconds
-from cutfs.codec.sources.catalogue import Refusals, SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.sources.catalogue import (
+    CutColumns,
+    Refusals,
+    SourceCatalogue,
+    SourceCut,
+    SourceRecording,
+)
 from cutfs.codec.sources.tree import files_under
 
 _ID_COLUMNS = ("id", "recording_id", "key", "__key__")
@@ -60,12 +66,12 @@ def read_arrow_dataset(directory: str, refusals: Refusals | None = None) -> Sour
         None,
     )
     if segment_list is None:
-        cuts = [
+        cuts = CutColumns(
             SourceCut(r.recording_id, r.recording_id, metadata=m, described_in=r.described_in)
             for r, m in rows
-        ]
+        )
     else:
-        cuts = list(_segments(segment_list, refusals))
+        cuts = CutColumns(_segments(segment_list, refusals))
     catalogue = SourceCatalogue(recordings, cuts, "Arrow/Parquet dataset")
     catalogue.check(refusals)
     return catalogue

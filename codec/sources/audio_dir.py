@@ -10,7 +10,13 @@ from __future__ import annotations
 import os
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.sources.catalogue import Refusals, SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.sources.catalogue import (
+    CutColumns,
+    Refusals,
+    SourceCatalogue,
+    SourceCut,
+    SourceRecording,
+)
 from cutfs.codec.sources.tree import files_under
 
 AUDIO_EXTENSIONS = frozenset(
@@ -38,7 +44,7 @@ def read_audio_dir(directory: str, refusals: Refusals | None = None) -> SourceCa
     """Every regular audio file below ``directory`` (links to directories are not followed)."""
     refusals = refusals if refusals is not None else Refusals()
     recordings: list[SourceRecording] = []
-    cuts: list[SourceCut] = []
+    cuts = CutColumns()
     ids: dict[str, str] = {}
     for path in files_under(directory, tuple(AUDIO_EXTENSIONS), refusals):
         stem = os.path.splitext(path)[0]

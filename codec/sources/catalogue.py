@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import math
+import mmap
+import tempfile
+import weakref
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from cutfs.codec.errors import SourceError
 
@@ -99,12 +108,123 @@ class SourceCut:
     described_in: str = ""
 
 
+#: The columns :class:`CutColumns` keeps: a :class:`SourceCut` per row.
+CUT_COLUMNS_SCHEMA: Final = pa.schema(
+    [
+        ("cut_id", pa.string()),
+        ("recording_id", pa.string()),
+        ("start_seconds", pa.float64()),
+        ("duration_seconds", pa.float64()),  # NaN: to the end of the recording
+        ("channels", pa.list_(pa.int16())),  # null: all
+        ("metadata", pa.string()),  # JSON, keys sorted
+        ("described_in", pa.string()),
+    ]
+)
+#: Cuts converted to Arrow at once.
+_BATCH_ROWS: Final = 1 << 16
+
+
+class CutColumns:
+    """Cuts as an input describes them, kept as Arrow columns in an unnamed temporary file.
+
+    Readers append one :class:`SourceCut` at a time; every 65 536 they are
+    written out as a record batch, so memory does not grow with the number of
+    cuts.  :meth:`table` maps what was written.  Iterating gives the cuts back
+    as :class:`SourceCut` objects (for small inputs and tests).
+    """
+
+    def __init__(self, cuts: Iterable[SourceCut] = ()) -> None:
+        self._file = tempfile.TemporaryFile(prefix="cutfs-cuts-")  # noqa: SIM115 - kept open
+        weakref.finalize(self, self._file.close)  # an input refused midway leaves no file open
+        self._sink = pa.PythonFile(self._file, mode="w")
+        self._writer = pa.ipc.new_file(self._sink, CUT_COLUMNS_SCHEMA)
+        self._pending: list[SourceCut] = []
+        self._count = 0
+        self._table: pa.Table | None = None
+        for cut in cuts:
+            self.append(cut)
+
+    def append(self, cut: SourceCut) -> None:
+        if self._table is not None:
+            raise RuntimeError("cuts cannot be added after table()")
+        self._pending.append(cut)
+        self._count += 1
+        if len(self._pending) >= _BATCH_ROWS:
+            self._flush()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def table(self) -> pa.Table:
+        """Every cut appended, as a table of :data:`CUT_COLUMNS_SCHEMA` (mapped, not read)."""
+        if self._table is None:
+            self._flush()
+            self._writer.close()
+            self._file.flush()
+            mapped = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            self._file.close()  # the map keeps what it maps
+            self._table = pa.ipc.open_file(pa.py_buffer(mapped)).read_all()
+        return self._table
+
+    def replace(self, table: pa.Table) -> None:
+        """Keep ``table`` (of the same schema; rows left out, say) instead."""
+        self.table()
+        self._table = table
+        self._count = table.num_rows
+
+    def __iter__(self) -> Iterator[SourceCut]:
+        table = self.table()
+        for batch in table.to_batches(_BATCH_ROWS):
+            for row in batch.to_pylist():
+                channels = row["channels"]
+                duration = row["duration_seconds"]
+                yield SourceCut(
+                    cut_id=row["cut_id"],
+                    recording_id=row["recording_id"],
+                    start_seconds=row["start_seconds"],
+                    duration_seconds=None if math.isnan(duration) else duration,
+                    channels=None if channels is None else tuple(channels),
+                    metadata=json.loads(row["metadata"]),
+                    described_in=row["described_in"],
+                )
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        cuts, self._pending = self._pending, []
+        batch = pa.record_batch(
+            [
+                pa.array([cut.cut_id for cut in cuts], pa.string()),
+                pa.array([cut.recording_id for cut in cuts], pa.string()),
+                pa.array([cut.start_seconds for cut in cuts], pa.float64()),
+                pa.array(
+                    [math.nan if c.duration_seconds is None else c.duration_seconds for c in cuts],
+                    pa.float64(),
+                ),
+                pa.array(
+                    [None if c.channels is None else list(c.channels) for c in cuts],
+                    pa.list_(pa.int16()),
+                ),
+                pa.array(
+                    [json.dumps(c.metadata, ensure_ascii=False, sort_keys=True) for c in cuts],
+                    pa.string(),
+                ),
+                pa.array([cut.described_in for cut in cuts], pa.string()),
+            ],
+            schema=CUT_COLUMNS_SCHEMA,
+        )
+        self._writer.write_batch(batch)
+
+
 @dataclass
 class SourceCatalogue:
     """Recordings and cuts read from one input, checked for duplicate ids."""
 
     recordings: list[SourceRecording]
-    cuts: list[SourceCut]
+    cuts: CutColumns
     kind: str
     #: Messages about entries left out (lenient reading only; see :class:`Refusals`).
     refused: list[str] = field(default_factory=list)
@@ -128,27 +248,8 @@ class SourceCatalogue:
                 continue
             recording_ids.add(recording.recording_id)
             recordings.append(recording)
-        cut_ids: set[str] = set()
-        cuts = []
-        for cut in self.cuts:
-            if cut.cut_id in cut_ids:
-                refusals.refuse(
-                    SourceError(f"duplicate cut id {cut.cut_id!r}", where=cut.described_in)
-                )
-                continue
-            if cut.recording_id not in recording_ids:
-                refusals.refuse(
-                    SourceError(
-                        f"cut {cut.cut_id!r} refers to unknown "
-                        f"{'or refused ' if refusals.messages else ''}recording "
-                        f"{cut.recording_id!r}",
-                        where=cut.described_in,
-                    )
-                )
-                continue
-            cut_ids.add(cut.cut_id)
-            cuts.append(cut)
-        self.recordings, self.cuts = recordings, cuts
+        self._check_cuts(recordings, refusals)
+        self.recordings = recordings
         self.refused = refusals.messages
         if not self.recordings:
             refused = ""
@@ -158,3 +259,46 @@ class SourceCatalogue:
                     f"{refusals.messages[0]})"
                 )
             raise SourceError(f"no recordings found{refused}", where=self.kind)
+
+    def _check_cuts(self, recordings: list[SourceRecording], refusals: Refusals) -> None:
+        """Refuse duplicate cut ids (the later ones) and cuts of unknown recordings, with
+        vectorised kernels over the columns (no Python object per cut)."""
+        table = self.cuts.table()
+        known = pa.array([recording.recording_id for recording in recordings], pa.string())
+        unknown = pc.is_null(pc.index_in(table.column("recording_id"), value_set=known))
+        keep = ~np.asarray(unknown.to_numpy(zero_copy_only=False), dtype=bool)
+        keep &= ~_later_duplicates(table.column("cut_id"))
+        if keep.all():
+            return
+        for row in np.flatnonzero(~keep)[: 1 if refusals.strict else None]:
+            cut_id = table.column("cut_id")[int(row)].as_py()
+            where = table.column("described_in")[int(row)].as_py()
+            if unknown[int(row)].as_py():
+                recording_id = table.column("recording_id")[int(row)].as_py()
+                message = (
+                    f"cut {cut_id!r} refers to unknown "
+                    f"{'or refused ' if refusals.messages else ''}recording {recording_id!r}"
+                )
+            else:
+                message = f"duplicate cut id {cut_id!r}"
+            refusals.refuse(SourceError(message, where=where))
+        self.cuts.replace(table.filter(pa.array(keep)))
+
+
+def _later_duplicates(ids: pa.ChunkedArray) -> np.ndarray:
+    """A mask of the rows whose id an earlier row already has."""
+    count = len(ids)
+    if count == 0:
+        return np.zeros(0, dtype=bool)
+    order = np.asarray(pc.sort_indices(ids).to_numpy(), dtype=np.int64)
+    ordered = ids.take(pa.array(order))
+    same = np.asarray(
+        pc.equal(ordered.slice(1), ordered.slice(0, count - 1)).to_numpy(zero_copy_only=False),
+        dtype=bool,
+    )
+    later = np.zeros(count, dtype=bool)
+    if not same.any():
+        return later
+    # A stable sort keeps equal ids in row order: each run's first row is the earliest.
+    later[order[1:][same]] = True
+    return later

@@ -13,7 +13,13 @@ import os
 
 from cutfs.codec.errors import SourceError
 from cutfs.codec.limits import parse_seconds
-from cutfs.codec.sources.catalogue import Refusals, SourceCatalogue, SourceCut, SourceRecording
+from cutfs.codec.sources.catalogue import (
+    CutColumns,
+    Refusals,
+    SourceCatalogue,
+    SourceCut,
+    SourceRecording,
+)
 
 
 def is_kaldi_dir(path: str) -> bool:
@@ -29,7 +35,7 @@ def read_kaldi_dir(directory: str, refusals: Refusals | None = None) -> SourceCa
     speakers = _optional_map(os.path.join(directory, "utt2spk"), refusals)
     texts = _optional_map(os.path.join(directory, "text"), refusals)
     segments_path = os.path.join(directory, "segments")
-    cuts: list[SourceCut] = []
+    cuts = CutColumns()
     if os.path.isfile(segments_path):
         for utterance, value, where in _table(segments_path, refusals):
             with refusals.entry():

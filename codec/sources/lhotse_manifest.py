@@ -21,6 +21,7 @@ from typing import Any
 from cutfs.codec.errors import SourceError
 from cutfs.codec.limits import MAX_CHANNELS, check_seconds, check_shape
 from cutfs.codec.sources.catalogue import (
+    CutColumns,
     DeclaredAudio,
     Refusals,
     SourceCatalogue,
@@ -50,8 +51,8 @@ def read_lhotse(paths: list[str], refusals: Refusals | None = None) -> SourceCat
     """Read recordings, supervisions and cuts manifests, told apart by their names."""
     refusals = refusals if refusals is not None else Refusals()
     recordings: dict[str, SourceRecording] = {}
-    supervisions: list[tuple[dict[str, Any], str]] = []
-    cuts: list[SourceCut] = []
+    supervision_files: list[str] = []
+    cuts = CutColumns()
     for path in paths:
         name = os.path.basename(path)
         if "recordings" in name:
@@ -59,7 +60,7 @@ def read_lhotse(paths: list[str], refusals: Refusals | None = None) -> SourceCat
                 with refusals.entry():
                     _add_recording(recordings, item, where, os.path.dirname(path))
         elif "supervisions" in name:
-            supervisions.extend(_items(path, refusals))
+            supervision_files.append(path)  # read after the cuts: used only without them
         elif "cuts" in name:
             for item, where in _items(path, refusals):
                 with refusals.entry():
@@ -71,14 +72,15 @@ def read_lhotse(paths: list[str], refusals: Refusals | None = None) -> SourceCat
                 where=path,
             )
     if not cuts:
-        for item, where in supervisions:
-            with refusals.entry():
-                cuts.append(_supervision_cut(item, where))
+        for path in supervision_files:
+            for item, where in _items(path, refusals):
+                with refusals.entry():
+                    cuts.append(_supervision_cut(item, where))
     if not cuts:
-        cuts = [
+        cuts = CutColumns(
             SourceCut(rec.recording_id, rec.recording_id, described_in=rec.described_in)
             for rec in recordings.values()
-        ]
+        )
     catalogue = SourceCatalogue(list(recordings.values()), cuts, "Lhotse manifests")
     catalogue.check(refusals)
     return catalogue

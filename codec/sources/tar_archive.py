@@ -24,6 +24,7 @@ from typing import Any
 from cutfs.codec.errors import SourceError
 from cutfs.codec.limits import check_seconds, check_shape
 from cutfs.codec.sources.catalogue import (
+    CutColumns,
     DeclaredAudio,
     Refusals,
     SourceCatalogue,
@@ -52,7 +53,7 @@ def is_lhotse_shar(path: str) -> bool:
 def read_webdataset(path: str, refusals: Refusals | None = None) -> SourceCatalogue:
     refusals = refusals if refusals is not None else Refusals()
     recordings: list[SourceRecording] = []
-    cuts: list[SourceCut] = []
+    cuts = CutColumns()
     for tar_path in [path] if os.path.isfile(path) else _tars(path):
         samples: dict[str, dict[str, tarfile.TarInfo]] = {}
         for member in _members(tar_path):
@@ -84,7 +85,7 @@ def read_webdataset(path: str, refusals: Refusals | None = None) -> SourceCatalo
 def read_lhotse_shar(directory: str, refusals: Refusals | None = None) -> SourceCatalogue:
     refusals = refusals if refusals is not None else Refusals()
     recordings: list[SourceRecording] = []
-    cuts: list[SourceCut] = []
+    cuts = CutColumns()
     for manifest in sorted(glob.glob(os.path.join(directory, "cuts.*.jsonl*"))):
         shard = os.path.basename(manifest).split(".")[1]
         tar_path = os.path.join(directory, f"recording.{shard}.tar")
