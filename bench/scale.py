@@ -78,11 +78,15 @@ def main() -> int:
     if packs:
         (args.out / "scale-pack.json").write_text(json.dumps(packs, indent=2) + "\n")
     results = []
+    directories = {}
     for count in args.cuts:
-        directory = _catalogue(base, args.work / f"cuts-{count}", count)
-        result = _measure(directory, args.work / f"mnt-{count}", count)
+        directories[count] = _catalogue(base, args.work / f"cuts-{count}", count)
+        result = _measure(directories[count], args.work / f"mnt-{count}", count)
         print(json.dumps(result), flush=True)
         results.append(result)
+    side_by_side = _lookups_side_by_side(directories, args.work)
+    for result in results:
+        result.update(side_by_side[result["cuts"]])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scale.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.out / "scale.md").write_text(_table(results))
@@ -261,6 +265,7 @@ def _measure(directory: Path, mountpoint: Path, count: int) -> dict[str, Any]:
     mount_seconds = time.perf_counter() - started
     try:
         pss_mounted = _pss(mountpoint)
+        first_cut = _first_cut_bytes(directory, mountpoint, count)
         rng = random.Random(count)
         numbers = rng.sample(range(count), min(LOOKUPS, count))
         lookups = []
@@ -309,6 +314,7 @@ def _measure(directory: Path, mountpoint: Path, count: int) -> dict[str, Any]:
         "cuts": count,
         "catalogue_bytes": catalogue_bytes,
         "mount_seconds": round(mount_seconds, 2),
+        **first_cut,
         "pss_mounted_mb": round(pss_mounted / 1e6, 1),
         "pss_after_mb": round(pss_after / 1e6, 1),
         "pss_settled_mb": round(pss_settled / 1e6, 1),
@@ -323,6 +329,87 @@ def _measure(directory: Path, mountpoint: Path, count: int) -> dict[str, Any]:
         "wav_scp_seconds": round(scp_seconds, 1),
         "wav_scp_lines": lines,
     }
+
+
+def _lookups_side_by_side(directories: dict[int, Path], work: Path) -> dict[int, dict[str, Any]]:
+    """Cut lookups of every size measured in interleaved rounds, all mounted at once with
+    their catalogues in the page cache and each cut's directory already looked up, so that
+    the noise of a shared machine falls on every size alike; medians and the ratio to the
+    smallest size."""
+    mounts = {count: work / f"side-{count}" for count in directories}
+    timings: dict[int, list[float]] = {count: [] for count in directories}
+    try:
+        for count, directory in directories.items():
+            mounts[count].mkdir(exist_ok=True)
+            _cache_catalogue(directory)
+            subprocess.run(
+                [*CUTFS, "mount", str(directory), str(mounts[count]), "--workers", "1"],
+                check=True,
+            )
+        rng = random.Random(0)
+        for _ in range(10):
+            for count, mountpoint in mounts.items():
+                for number in rng.sample(range(count), min(200, count)):
+                    parent = mountpoint / "cuts" / f"s{number // PER_DIRECTORY:05d}"
+                    os.stat(parent)
+                    begun = time.perf_counter()
+                    os.stat(parent / f"u{number:09d}.wav")
+                    timings[count].append(time.perf_counter() - begun)
+    finally:
+        for mountpoint in mounts.values():
+            subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
+    smallest = statistics.median(timings[min(timings)])
+    return {
+        count: {
+            "lookup_side_by_side_us": round(statistics.median(values) * 1e6, 1),
+            "lookup_ratio_to_smallest": round(statistics.median(values) / smallest, 2),
+        }
+        for count, values in timings.items()
+    }
+
+
+def _first_cut_bytes(directory: Path, mountpoint: Path, count: int) -> dict[str, Any]:
+    """Bytes the daemon and its workers read from storage for the first cut of a recording
+    on a fresh mount, tables included, against the cut's compressed span (from its seek
+    index).  A cut of another recording is read first and the page cache dropped, so that
+    the code every first read faults in is not counted (what it faults in again after the
+    drop is: the figure is an upper bound)."""
+    from cutfs.codec.shard_set import ShardSet  # noqa: PLC0415
+
+    def cut_path(number: int) -> Path:
+        return mountpoint / "cuts" / f"s{number // PER_DIRECTORY:05d}" / f"u{number:09d}.wav"
+
+    with ShardSet(str(directory)) as shards:
+        numbers = {int(shards.cut_recording(n)): n for n in range(min(count, 64))}
+        warm, target = numbers[min(numbers)], numbers[max(numbers)]
+        cut = shards.cut(target)
+        index = shards.recording(cut.recording_index).seek_index
+        start = index.point_at_or_before(cut.start_frame).byte_offset
+        after = index.first_point_after(cut.end_frame)
+        _, blob_start, blob_end = shards.blob_location(cut.recording_index)
+        span = (after.byte_offset if after else blob_end - blob_start) - start
+    cut_path(warm).read_bytes()
+    pids = _daemon_pids(mountpoint)
+    Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    before = _read_bytes(pids)
+    cut_path(target).read_bytes()
+    read = _read_bytes(pids) - before
+    return {
+        "first_cut_read_kib": round(read / 1024, 1),
+        "first_cut_span_kib": round(span / 1024, 1),
+    }
+
+
+def _read_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+                if line.startswith("read_bytes:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
 
 
 def _cache_catalogue(directory: Path) -> None:
@@ -388,12 +475,16 @@ def _table(results: list[dict[str, Any]]) -> str:
         ("cuts", "cuts"),
         ("catalogue on disk (MB)", "catalogue_bytes"),
         ("mount ready (s)", "mount_seconds"),
+        ("first cut: bytes read, tables included (KiB)", "first_cut_read_kib"),
+        ("first cut: its compressed span (KiB)", "first_cut_span_kib"),
         ("PSS after mount (MB)", "pss_mounted_mb"),
         ("PSS after all below (MB)", "pss_after_mb"),
         ("PSS 11 s later (MB)", "pss_settled_mb"),
         ("lookup, catalogue cold, median (us)", "lookup_median_us"),
         ("lookup, catalogue cold, p99 (us)", "lookup_p99_us"),
         ("cut lookup, catalogue in page cache, median (us)", "lookup_warm_median_us"),
+        ("cut lookup, all sizes mounted, interleaved, median (us)", "lookup_side_by_side_us"),
+        ("  ratio to the smallest size", "lookup_ratio_to_smallest"),
         ("missing names: ENOENT", "missing_enoent"),
         ("listing: entries", "listing_entries"),
         ("listing (ms)", "listing_ms"),

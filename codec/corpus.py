@@ -17,6 +17,7 @@ import numpy as np
 from cutfs.codec.cut import Cut, seconds_to_frames
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.library import Library
+from cutfs.codec.path_escape import escape_id
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.shard_set import ShardSet
@@ -43,7 +44,6 @@ class Corpus:
             self._library = SourceIndex(directory, policy=policy)
         else:
             raise SourceError("no such file or directory", where=path)
-        self._cut_numbers: dict[str, int] | None = None
 
     @property
     def cut_ids(self) -> Sequence[str]:
@@ -109,15 +109,18 @@ class Corpus:
         return shape.sample_rate, shape.num_frames
 
     def _cut_number(self, cut_id: str) -> int:
-        if self._cut_numbers is None:
-            self._cut_numbers = {identifier: n for n, identifier in enumerate(self.cut_ids)}
-        number = self._cut_numbers.get(cut_id)
-        if number is None:
-            raise CutfsError("no such cut", where=cut_id)
-        return number
+        """The cut's row, found through the catalogue's file tree (as a mount finds it)."""
+        tree, _ = self._library.trees()
+        for force in (False, True):  # an id whose path clashed was escaped whole
+            number = tree.find(escape_id(cut_id, force=force))
+            if number is not None and self.cut_ids[number] == cut_id:
+                return number
+        raise CutfsError("no such cut", where=cut_id)
 
     def _recording_number(self, recording_id: str) -> int:
-        try:
-            return list(self.recording_ids).index(recording_id)
-        except ValueError:
-            raise CutfsError("no such recording", where=recording_id) from None
+        _, tree = self._library.trees()
+        for force in (False, True):
+            number = tree.find(escape_id(recording_id, force=force))
+            if number is not None and self.recording_ids[number] == recording_id:
+                return number
+        raise CutfsError("no such recording", where=recording_id)

@@ -94,7 +94,9 @@ class RecordingTable(Sequence[Recording]):
         where = f"{self._where}, recording {self.ids[index]}"
         row = self._table.slice(index, 1).drop_columns(["seek_samples", "seek_byte_offsets"])
         try:
-            seek_index = SeekIndex(self._seek_samples[index], self._seek_offsets[index])
+            seek_index = SeekIndex(
+                self._seek_samples[index], self._seek_offsets[index], sorted_checked=False
+            )
         except ValueError as exc:
             raise ShardFormatError(f"invalid seek index: {exc}", where=where) from exc
         recording = recording_from_row(row.to_pylist()[0], seek_index, where=where)

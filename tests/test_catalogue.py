@@ -214,3 +214,19 @@ def test_the_cuts_view_looks_up_and_lists_without_a_mount(packed: Path) -> None:
         assert listing[2:4] == [listing[2], listing[3]]  # offsets are stable rows
         escaped = escape_id("with space").encode()
         assert trio.run(lookup, top, escaped) is not None
+
+
+def test_the_python_api_finds_every_cut_by_id_even_odd_and_clashing_ones(packed: Path) -> None:
+    import soundfile  # noqa: PLC0415
+
+    import cutfs  # noqa: PLC0415
+
+    whole, rate = soundfile.read(corpus_flac(packed), dtype="int16")
+    with cutfs.open(packed) as corpus:
+        for number, identifier in enumerate(IDS):
+            samples, served_rate = corpus.read_cut(identifier or "empty")
+            first = int(0.5 * number * rate)
+            assert served_rate == rate
+            assert (samples[:, 0] == whole[first : first + rate]).all(), identifier
+        with pytest.raises(cutfs.codec.errors.CutfsError, match="no such cut"):
+            corpus.read_cut("a.wav")  # a path, not an id

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import served_paths
 from cutfs.codec.path_escape import escape_id, unescape_path
 from cutfs.codec.pcm import packed_to_s16
@@ -212,3 +213,30 @@ def test_vectorised_frames_round_as_lhotse_does(seconds: list[float], rate: int)
     values = np.array(seconds, dtype=np.float64)
     got = _frames(values, np.full(len(values), rate, dtype=np.int64))
     assert got.tolist() == [seconds_to_frames(value, rate) for value in seconds]
+
+
+@given(
+    st.lists(st.integers(-2000, 10**7), min_size=2, max_size=50),
+    st.integers(-3000, 10**7 + 10),
+)
+def test_an_unchecked_seek_index_never_gives_a_point_out_of_order(
+    samples: list[int], target: int
+) -> None:
+    """Views of a mapped table are not checked whole: a search either finds a point that is
+    in order where it was found, or refuses; it never hands the decoder a wrong point."""
+    offsets = np.arange(len(samples), dtype=np.int64) * 100
+    index = SeekIndex(np.array(samples, dtype=np.int64), offsets, sorted_checked=False)
+    try:
+        point = index.point_at_or_before(target)
+    except ShardFormatError:
+        assert samples != sorted(samples)
+        return
+    assert point.sample <= target or point.sample == samples[0]
+    try:
+        after = index.first_point_after(target)
+    except ShardFormatError:
+        assert samples != sorted(samples)
+        return
+    assert after is None or after.sample > target
+    if samples == sorted(samples) and after is not None:
+        assert after.byte_offset >= point.byte_offset
