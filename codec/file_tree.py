@@ -38,7 +38,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutfs.codec.errors import ShardFormatError, SourceError
-from cutfs.codec.mapped_table import BinaryColumn, int_view, read_mapped, single_chunk
+from cutfs.codec.mapped_table import (
+    BinaryColumn,
+    int_view,
+    native_int_view,
+    read_mapped,
+    single_chunk,
+)
 from cutfs.codec.path_escape import PLAIN_ID_PATTERN, SUFFIX, escape_id, unescape_path
 from cutfs.codec.shard_format import write_table
 
@@ -59,6 +65,9 @@ _ENTRY_SCHEMA: Final = pa.schema(
         ("item", pa.int64()),
     ]
 )
+#: The first eight bytes of each name as a big-endian number (zero-padded): the order of
+#: names, searched with numpy before the few names that share a key are compared.
+_KEY_SCHEMA: Final = pa.schema([("name_key", pa.uint64())])
 _DIRECTORY_SCHEMA: Final = pa.schema(
     [
         ("first_entry", pa.int64()),
@@ -177,7 +186,10 @@ def write_file_tree(prefix: str, paths: Sequence[str] | pa.Array, mode: int | No
     )
     entries = pa.concat_tables([*directory_entries, files])
     order = pc.sort_indices(entries, [("directory", "ascending"), ("name", "ascending")])
-    entries = entries.take(order)
+    entries = entries.take(order).combine_chunks()
+    entries = entries.append_column(
+        _KEY_SCHEMA.field(0), pa.array(_name_keys(entries.column("name")))
+    )
     directory_column = np.asarray(entries.column("directory").to_numpy(), dtype=np.int64)
     parent = np.concatenate(parents)
     numbers = np.arange(len(parent))
@@ -186,9 +198,35 @@ def write_file_tree(prefix: str, paths: Sequence[str] | pa.Array, mode: int | No
     children = np.asarray(entries.column("child").to_numpy(), dtype=np.int64)
     subdirectories = np.bincount(directory_column[children >= 0], minlength=len(parent))
     directories = pa.table([first, end - first, parent, subdirectories], schema=_DIRECTORY_SCHEMA)
-    write_table(prefix + _ENTRIES, entries.combine_chunks(), mode)
+    write_table(prefix + _ENTRIES, entries, mode)
     write_table(prefix + _DIRECTORIES, directories, mode)
     write_table(prefix + _PATHS, pa.table([path_array], schema=_PATH_SCHEMA), mode)
+
+
+def _name_keys(names: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.uint64]:
+    """The first eight bytes of every name as a big-endian number, zero-padded (see
+    :data:`_KEY_SCHEMA`), a million names at a time."""
+    array = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[
+        array.offset : array.offset + len(array) + 1
+    ]
+    values = np.frombuffer(array.buffers()[2] or b"", dtype=np.uint8)
+    keys = np.zeros(len(array), dtype=np.uint64)
+    columns = np.arange(8)
+    for start in range(0, len(array), _BATCH):
+        stop = min(start + _BATCH, len(array))
+        begin = offsets[start:stop]
+        length = np.minimum(offsets[start + 1 : stop + 1] - begin, 8)
+        wanted = columns[None, :] < length[:, None]
+        block = np.zeros((len(begin), 8), dtype=np.uint8)
+        block[wanted] = values[(begin[:, None] + columns[None, :])[wanted]]
+        keys[start : start + len(begin)] = block.view(">u8").reshape(-1)
+    return keys
+
+
+def name_key(name: bytes) -> int:
+    """The key of one name (see :data:`_KEY_SCHEMA`)."""
+    return int.from_bytes(name[:8].ljust(8, b"\0"), "big")
 
 
 def _entry_table(
@@ -217,10 +255,11 @@ class FileTree:
 
     def __init__(self, prefix: str) -> None:
         self._prefix = prefix
-        entries = read_mapped(prefix + _ENTRIES, _ENTRY_SCHEMA)
+        entries = read_mapped(prefix + _ENTRIES, pa.unify_schemas([_ENTRY_SCHEMA, _KEY_SCHEMA]))
         directories = read_mapped(prefix + _DIRECTORIES, _DIRECTORY_SCHEMA)
         paths = read_mapped(prefix + _PATHS, _PATH_SCHEMA)
         self._names = BinaryColumn(single_chunk(entries, "name"))
+        self._keys = native_int_view(entries, "name_key")
         self._children = int_view(entries, "child")
         self._items = int_view(entries, "item")
         self._first = int_view(directories, "first_entry")
@@ -250,8 +289,12 @@ class FileTree:
         """The entry ``name`` of ``directory``, or ``None``: a binary search over mapped rows."""
         first = int(self._first[directory])
         end = first + int(self._counts[directory])
-        row = bisect_left(self._names, name, first, end)
-        if row == end or self._names[row] != name:
+        keys = self._keys[first:end]
+        key = np.uint64(name_key(name))
+        low = first + int(np.searchsorted(keys, key, side="left"))
+        high = first + int(np.searchsorted(keys, key, side="right"))
+        row = bisect_left(self._names, name, low, high)  # the few names sharing the key
+        if row == high or self._names[row] != name:
             return None
         return self.entry_at(row)
 

@@ -82,6 +82,11 @@ class Library(Protocol):
         """
         ...
 
+    def cut_frames(self, index: int) -> tuple[int, int, int, tuple[int, ...]] | None:
+        """(recording, start frame, frames, channels) of the cut at ``index``, as :meth:`cut`
+        gives them (and raises), without its id or metadata: what serving it needs."""
+        ...
+
     def cut_recording(self, index: int) -> int:
         """The recording a cut is of (known without indexing)."""
         ...

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from cutfs.codec.command_runner import CommandLimits, run_command
 from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.errors import CutfsError, SourceError
+from cutfs.codec.mapped_table import release_mapped_pages
 from cutfs.codec.recording import Recording
 from cutfs.codec.recording_indexer import IndexedRecording, index_recording
 from cutfs.codec.shard_format import CUTS_SCHEMA
@@ -141,6 +142,7 @@ def _pack_into(
                 PackProgress(len(recordings), total, report.stored_bytes, report.audio_seconds)
             )
     cuts = _cuts_table(catalogue.cuts.table(), catalogue.recordings, recordings)
+    release_mapped_pages()  # what the conversion touched of the spilled columns
     writer.finish(
         cuts,
         {"created_by": "cutfs", "source": catalogue.kind, "transcoded": len(report.transcoded)},

@@ -191,13 +191,27 @@ class ShardSet:
 
     def cut(self, index: int) -> Cut:
         """The cut at ``index`` of the cuts table, its numbers checked against its recording."""
+        recording, start, frames, channels = self.cut_frames(index)
+        table = self._cut_table()
+        return Cut(
+            cut_id=table.ids[index],
+            recording_index=recording,
+            start_frame=start,
+            num_frames=frames,
+            channels=channels,
+            metadata_json=table.metadata_json(index),
+        )
+
+    def cut_frames(self, index: int) -> tuple[int, int, int, tuple[int, ...]]:
+        """(recording, start frame, frames, channels) of a cut, checked against its
+        recording: what serving it needs, read from five columns (not its id or metadata)."""
         table = self._cut_table()
         recording = int(table.recordings[index])
         start, frames = int(self.cut_start_frames[index]), int(self.cut_num_frames[index])
         if not (
             0 <= recording < len(self._recordings)
-            and start >= 0
-            and frames >= 0
+            and 0 <= start
+            and 0 <= frames
             and start + frames <= self._recordings.num_frames[recording]
         ):
             raise ShardFormatError(
@@ -209,14 +223,7 @@ class ShardSet:
                 f"cut {table.ids[index]!r} asks for channels its recording lacks",
                 where=self.directory,
             )
-        return Cut(
-            cut_id=table.ids[index],
-            recording_index=recording,
-            start_frame=start,
-            num_frames=frames,
-            channels=channels,
-            metadata_json=table.metadata_json(index),
-        )
+        return recording, start, frames, channels
 
     def cut_channels(self, index: int) -> tuple[int, ...]:
         """The recording channels a cut carries; empty for all of them."""

@@ -14,6 +14,7 @@ from cutfs.codec.cut_table import mentions_of
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import served_paths, write_file_tree
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, write_kaldi_order
+from cutfs.codec.mapped_table import release_mapped_pages
 from cutfs.codec.recording import Recording
 from cutfs.codec.recording_table import recording_row
 from cutfs.codec.shard_format import (
@@ -134,6 +135,7 @@ def write_cut_catalogue(directory: str, cuts: pa.Table) -> None:
     the file tree and the Kaldi order the mount searches in place."""
     cuts = cuts.cast(CUTS_SCHEMA)
     write_table(os.path.join(directory, CUTS_FILE), cuts)
+    release_mapped_pages()  # the columns may be maps of a pack's spilled input
     cut_paths = served_paths(cuts.column("cut_id"))
     write_file_tree(os.path.join(directory, CUTS_TREE), cut_paths)
     write_kaldi_order(os.path.join(directory, KALDI_ORDER_FILE), cuts.column("cut_id"), cut_paths)

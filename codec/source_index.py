@@ -496,6 +496,12 @@ class SourceIndex:
         assert shape is not None, "frame_limit() before the shape is known"
         return shape.num_frames + self._tolerance_frames(recording_index)
 
+    def cut_frames(self, index: int) -> tuple[int, int, int, tuple[int, ...]] | None:
+        cut = self.cut(index)
+        if cut is None:
+            return None
+        return cut.recording_index, cut.start_frame, cut.num_frames, cut.channels
+
     def cut(self, index: int) -> Cut | None:
         cut: Cut | None = self._cuts.get(index)
         if cut is not None:

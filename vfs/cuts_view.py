@@ -77,10 +77,8 @@ class CutsView(View):
         return MappedListing(len(entries), entry, self._extras if number == 0 else ())
 
     def audio(self, inode: int) -> AudioSpan | None:
-        cut = self._library.cut(inode - CUT_INODE_BASE)
-        if cut is None:
-            return None
-        return AudioSpan(cut.recording_index, cut.start_frame, cut.num_frames, cut.channels)
+        found = self._library.cut_frames(inode - CUT_INODE_BASE)
+        return None if found is None else AudioSpan(*found)
 
     def recording_of(self, inode: int) -> int:
         return self._library.cut_recording(inode - CUT_INODE_BASE)

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutfs.codec.errors import SourceError
+from cutfs.codec.mapped_table import release_mapped_pages, track_map
 
 
 @dataclass
@@ -165,6 +166,7 @@ class CutColumns:
             self._writer.close()
             self._file.flush()
             mapped = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            track_map(mapped)  # a pass over millions of rows can release what it touched
             self._file.close()  # the map keeps what it maps
             self._table = pa.ipc.open_file(pa.py_buffer(mapped)).read_all()
         return self._table
@@ -268,6 +270,7 @@ class SourceCatalogue:
         unknown = pc.is_null(pc.index_in(table.column("recording_id"), value_set=known))
         keep = ~np.asarray(unknown.to_numpy(zero_copy_only=False), dtype=bool)
         keep &= ~_later_duplicates(table.column("cut_id"))
+        release_mapped_pages()
         if keep.all():
             return
         for row in np.flatnonzero(~keep)[: 1 if refusals.strict else None]:
