@@ -210,8 +210,8 @@ class ShardSet:
         start, frames = int(self.cut_start_frames[index]), int(self.cut_num_frames[index])
         if not (
             0 <= recording < len(self._recordings)
-            and 0 <= start
-            and 0 <= frames
+            and start >= 0
+            and frames >= 0
             and start + frames <= self._recordings.num_frames[recording]
         ):
             raise ShardFormatError(
