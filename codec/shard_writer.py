@@ -76,6 +76,8 @@ class ShardWriter:
         self._close_shard()
         recordings = pa.Table.from_pylist(self._rows, schema=RECORDINGS_SCHEMA)
         write_table(os.path.join(self._directory, RECORDINGS_FILE), recordings)
+        mentions = mentions_of(cuts.column("metadata"))
+        release_mapped_pages()  # what the scan touched of a pack's spilled columns
         write_cut_catalogue(self._directory, cuts)
         write_file_tree(
             os.path.join(self._directory, RECORDINGS_TREE),
@@ -87,7 +89,7 @@ class ShardWriter:
             "shards": self._shards,
             "recordings": len(self._rows),
             "cuts": len(cuts),
-            "mentions": mentions_of(cuts.column("metadata")),
+            "mentions": mentions,
             **(extra or {}),
         }
         path = os.path.join(self._directory, MANIFEST_FILE)
