@@ -69,7 +69,15 @@ def main() -> int:
         default=[],
         help="also time `cutfs pack` of Lhotse supervisions manifests of these many cuts",
     )
+    parser.add_argument(
+        "--table-only",
+        action="store_true",
+        help="only rewrite OUT/scale.md from OUT/scale.json and scale-pack.json",
+    )
     args = parser.parse_args()
+    if args.table_only:
+        _write_table(args.out)
+        return 0
     args.work.mkdir(parents=True, exist_ok=True)
     base = _base_shards(args.work)
     packs = [_time_pack(args.work, count) for count in args.pack]
@@ -89,9 +97,48 @@ def main() -> int:
         result.update(side_by_side[result["cuts"]])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scale.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.out / "scale.md").write_text(_table(results))
-    print(_table(results))
+    _write_table(args.out)
     return 0
+
+
+def _write_table(out: Path) -> None:
+    results = json.loads((out / "scale.json").read_text())
+    packs_file = out / "scale-pack.json"
+    packs = json.loads(packs_file.read_text()) if packs_file.exists() else []
+    text = _table(results) + _pack_table(packs) + _METHOD
+    (out / "scale.md").write_text(text)
+    print(text)
+
+
+def _pack_table(packs: list[dict[str, Any]]) -> str:
+    if not packs:
+        return ""
+    lines = ["", "## `cutfs pack` of Lhotse manifests (4 recordings, N supervisions)", ""]
+    lines.append("| cuts | seconds | peak RSS (MB) |")
+    lines.append("|---:|---:|---:|")
+    for row in packs:
+        lines.append(
+            f"| {row['pack_cuts']:,} | {row['pack_seconds']} | {row['pack_peak_rss_mb']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+_METHOD = """
+## How it was measured
+
+`bench/scale.py` (see its docstring): four 30-minute FLAC recordings packed once; per
+size, a shard directory sharing those shards with a catalogue of N cuts written by the
+packer's catalogue writer (10 s cuts, 2 000 per directory, ids `s<dir>/u<number>`).
+Each is mounted for real (`cutfs mount`, two decoder workers) after dropping the page
+cache. PSS is the sum over the daemon and its workers (`smaps_rollup`); "11 s later" is
+after the daemon's periodic release of the catalogue pages it mapped (they stay in the
+page cache). The cold lookups may include the directory's lookup; the other lookup rows
+time a cut whose directory was looked up first, and the interleaved row mounts every
+size at once and alternates rounds between them, so that a shared machine's noise falls
+on all sizes alike. "First cut" reads a cut of one recording, drops the page cache,
+then reads a cut of another and counts the bytes the daemon and its workers read from
+storage (`/proc/PID/io`), code faulted in again after the drop included.
+"""
 
 
 def _base_shards(work: Path) -> Path:

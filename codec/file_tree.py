@@ -106,10 +106,12 @@ def served_paths(ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> pa.Array:
         losers = _clashing_items(paths)
         if not losers:
             return paths
-        replaced = paths.to_pylist()
-        for item in losers:
-            replaced[item] = escape_id(unescape_path(replaced[item]), force=True)
-        paths = pa.array(replaced, pa.large_string())
+        rows = pa.array(losers, pa.int64())
+        escaped = [escape_id(unescape_path(p), force=True) for p in paths.take(rows).to_pylist()]
+        index = np.arange(len(paths), dtype=np.int64)  # the losers' rows point at their new paths
+        index[losers] = len(paths) + np.arange(len(losers))
+        combined = pa.concat_arrays([paths, pa.array(escaped, pa.large_string())])
+        paths = combined.take(pa.array(index))
     raise SourceError(f"ids give clashing paths, for example {paths[losers[0]].as_py()!r}")
 
 

@@ -2,11 +2,10 @@
 
 One row per recording: where its bytes are (shard, absolute offset, length)
 and its decoding plan (:class:`cutfs.codec.recording.Recording`), seek index
-included.  Opening maps the table and checks the small per-recording numbers
-of every row at once (vectorised); a recording's plan, whose seek index may
-hold tens of thousands of points, is built and checked the first time it is
-needed and kept in a bounded cache, so a mount of 100 000 hours holds only
-the plans it is serving.
+included.  Opening maps the table and reads no row.  A recording's plan,
+whose seek index may hold tens of thousands of points, is built and checked
+the first time it is needed and kept in a bounded cache, so a mount of 100 000 hours holds only
+the plans it is serving.  A row's numbers are checked when the row is used.
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ class RecordingTable(Sequence[Recording]):
         self._seek_samples = ListColumn.of(table, "seek_samples")
         self._seek_offsets = ListColumn.of(table, "seek_byte_offsets")
         self._plans: LRUCache[int, Recording] = LRUCache(maxsize=PLANS_KEPT)
-        self._check(shard_count)
+        self._shard_count = shard_count
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -78,6 +77,8 @@ class RecordingTable(Sequence[Recording]):
         return self.recording(index)
 
     def shape(self, index: int) -> AudioShape:
+        """Rate, channels and length of recording ``index``, its row checked first."""
+        self.check_row(index)
         return AudioShape(
             int(self.sample_rates[index]), int(self.channels[index]), int(self.num_frames[index])
         )
@@ -91,6 +92,7 @@ class RecordingTable(Sequence[Recording]):
         return plan
 
     def _build(self, index: int) -> Recording:
+        self.check_row(index)
         where = f"{self._where}, recording {self.ids[index]}"
         row = self._table.slice(index, 1).drop_columns(["seek_samples", "seek_byte_offsets"])
         try:
@@ -106,25 +108,19 @@ class RecordingTable(Sequence[Recording]):
             raise ShardFormatError(f"its seek index points outside its {stored} bytes", where=where)
         return recording
 
-    def _check(self, shard_count: int) -> None:
-        """Refuse rows whose small numbers are out of range, all rows at once."""
-        rates, channels, frames = self.sample_rates, self.channels, self.num_frames
-        bad = (
-            (self.shards < 0)
-            | (self.shards >= shard_count)
-            | (self.stored_bytes < 0)
-            | (self.stored_bytes >= _LIMIT)
-            | (rates <= 0)
-            | (rates > MAX_SAMPLE_RATE_HZ)
-            | (channels <= 0)
-            | (channels > MAX_CHANNELS)
-            | (frames < 0)
-            | (frames > MAX_FRAMES)
-        )
-        if self.blob_offsets is not None:
-            bad |= (self.blob_offsets < 0) | (self.blob_offsets >= _LIMIT)
-        if bad.any():
-            index = int(np.flatnonzero(bad)[0])
+    def check_row(self, index: int) -> None:
+        """Refuse a row whose small numbers are out of range (checked where a row is used,
+        not for every row at open: a table of millions of recordings is not read whole)."""
+        stored = int(self.stored_bytes[index])
+        offset = 0 if self.blob_offsets is None else int(self.blob_offsets[index])
+        if not (
+            0 <= int(self.shards[index]) < self._shard_count
+            and 0 <= stored < _LIMIT
+            and 0 <= offset < _LIMIT
+            and 0 < int(self.sample_rates[index]) <= MAX_SAMPLE_RATE_HZ
+            and 0 < int(self.channels[index]) <= MAX_CHANNELS
+            and 0 <= int(self.num_frames[index]) <= MAX_FRAMES
+        ):
             raise ShardFormatError(
                 f"recording {self.ids[index]!r}: its row holds numbers out of range "
                 "(not written by cutfs?)",

@@ -171,7 +171,7 @@ class ShardSet:
         return self._recordings.shape(recording_index)
 
     def frame_limit(self, recording_index: int) -> int:
-        return int(self._recordings.num_frames[recording_index])
+        return self._recordings.shape(recording_index).num_frames
 
     def index(self, recording_index: int) -> Recording:
         """Plans were computed by ``pack``: nothing to do."""
@@ -212,13 +212,14 @@ class ShardSet:
             0 <= recording < len(self._recordings)
             and start >= 0
             and frames >= 0
-            and start + frames <= self._recordings.num_frames[recording]
+            and start + frames <= self._recordings.shape(recording).num_frames
         ):
             raise ShardFormatError(
                 f"cut {table.ids[index]!r} lies outside its recording", where=self.directory
             )
         channels = table.channels(index)
-        if any(not 0 <= channel < self._recordings.channels[recording] for channel in channels):
+        width = self._recordings.shape(recording).channels
+        if any(not 0 <= channel < width for channel in channels):
             raise ShardFormatError(
                 f"cut {table.ids[index]!r} asks for channels its recording lacks",
                 where=self.directory,
@@ -292,6 +293,7 @@ class ShardSet:
         One ``stat`` per decode: a shard rewritten or replaced under a live
         mount would otherwise serve other audio under the old names.
         """
+        self._recordings.check_row(recording_index)
         shard = int(self._recordings.shards[recording_index])
         name = self._shard_names[shard]
         if file_stamp(os.path.join(self.directory, name)) != self._shard_stamps[shard]:
@@ -305,6 +307,7 @@ class ShardSet:
         """Where the recordings table says the blob is (format 2), or where the shard's Arrow
         metadata says (format 1); either way checked to lie inside the shard."""
         table = self._recordings
+        table.check_row(recording_index)
         shard = int(table.shards[recording_index])
         stored = int(table.stored_bytes[recording_index])
         where = f"{self._shard_names[shard]}, recording {table.ids[recording_index]}"

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 import trio
 
+from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import served_paths
 from cutfs.codec.kaldi_order import KaldiOrder, kaldi_key, write_kaldi_order
 from cutfs.codec.packer import pack
@@ -230,3 +231,25 @@ def test_the_python_api_finds_every_cut_by_id_even_odd_and_clashing_ones(packed:
             assert (samples[:, 0] == whole[first : first + rate]).all(), identifier
         with pytest.raises(cutfs.codec.errors.CutfsError, match="no such cut"):
             corpus.read_cut("a.wav")  # a path, not an id
+
+
+def test_a_recording_row_that_lies_fails_where_it_is_used(packed: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "lying"
+    shutil.copytree(packed, copy)
+    with pa.OSFile(str(copy / RECORDINGS_FILE), "rb") as source:
+        table = pa.ipc.open_file(source).read_all()
+    index = table.schema.get_field_index("sample_rate")
+    table = table.set_column(index, "sample_rate", pa.array([10**9], pa.int32()))
+    with (
+        pa.OSFile(str(copy / RECORDINGS_FILE), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema) as writer,
+    ):
+        writer.write_table(table)
+    with ShardSet(str(copy)) as shards:  # opening reads no row
+        assert shards.num_cuts == len(IDS)
+        with pytest.raises(ShardFormatError, match="numbers out of range"):
+            shards.shape(0)
+        with pytest.raises(ShardFormatError, match="numbers out of range"):
+            shards.cut_frames(0)
+        with pytest.raises(ShardFormatError, match="numbers out of range"):
+            shards.blob_location(0)
