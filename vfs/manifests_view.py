@@ -20,6 +20,7 @@ from typing import Final
 
 import trio
 
+from cutfs.codec.errors import CutfsError
 from cutfs.codec.kaldi_order import KaldiOrder, kaldi_key
 from cutfs.vfs.manifest_files import (
     AUDIOFOLDER_METADATA,
@@ -112,14 +113,14 @@ class SpilledText:
         return self._file is not None
 
     async def prepare(self) -> None:
-        if self._done is None:
+        if self._done is None or (self._done.is_set() and self._file is None):
+            self._failure = None  # the last attempt failed (or there was none): try again
             self._done = trio.Event()
             trio.lowlevel.spawn_system_task(self._render, name="render a manifest")
-        await self._done.wait()
-        if self._file is None:
-            failure, self._failure, self._done = self._failure, None, None
-            assert failure is not None
-            raise failure  # the next request tries again
+        done = self._done
+        await done.wait()
+        if self._file is None:  # failed, or stopped with the daemon
+            raise self._failure or CutfsError("the manifest could not be rendered")
 
     async def _render(self) -> None:
         assert self._done is not None
