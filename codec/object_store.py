@@ -1,0 +1,289 @@
+"""Byte ranges of objects in S3-compatible object storage, each GET conditional on the
+version that was pinned.
+
+The first piece of serving shards from object storage (issue #11; not yet used by
+mounts).  Design notes and measurements: docs/object-storage-notes.md.  In short:
+``pyarrow.fs`` cannot make a read conditional, so this uses botocore directly.
+
+* An object is *pinned* once (a HEAD: its size and ETag); every later read is a
+  ranged GET with ``If-Match`` on that ETag, so an object replaced under a mount
+  fails with :class:`ObjectChangedError` instead of serving other bytes.
+* Ranges are always bounded.  :meth:`ObjectStore.read_many` merges ranges closer
+  than ``merge_gap_bytes``, splits what is longer than ``max_get_bytes`` into parts,
+  and fetches the parts concurrently.
+* Throttling and server errors (5xx, ``SlowDown``) are retried with exponential
+  backoff until ``deadline_seconds`` after the call began; past it,
+  :class:`ObjectStoreError`.
+* Counters (GETs, bytes, retries, errors) for ``.cutfs/stats``.
+
+Credentials, region and endpoint come from the standard AWS environment and
+config files (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``AWS_ENDPOINT_URL``, ...),
+and from the URI's query: ``s3://bucket/prefix?endpoint_override=host:port&scheme=http``
+(the names pyarrow uses), or ``endpoint_url=http://host:port``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import parse_qs, urlsplit
+
+from cutfs.codec.errors import CutfsError, SourceError
+
+#: The most one GET asks for; longer spans are split into parts fetched at once.
+MAX_GET_BYTES: Final = 8 << 20
+#: Ranges closer than this are fetched by one GET.
+MERGE_GAP_BYTES: Final = 64 << 10
+_RETRYABLE_CODES: Final = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError"}
+)
+
+
+class ObjectStoreError(CutfsError):
+    """The store did not answer, or refused, within the deadline."""
+
+
+class ObjectChangedError(ObjectStoreError):
+    """An object is no longer the version that was pinned (its ETag changed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectLocation:
+    """Where a store's objects are: a bucket, a key prefix, and how to reach the server.
+
+    Picklable: worker processes open their own :class:`ObjectStore` from it.
+    """
+
+    bucket: str
+    prefix: str
+    endpoint_url: str | None = None
+    region: str | None = None
+
+    @classmethod
+    def from_uri(cls, uri: str) -> ObjectLocation:
+        """``s3://bucket/prefix[?endpoint_override=host:port&scheme=http&region=r]``.
+
+        Raises :class:`SourceError` for anything else.
+        """
+        parts = urlsplit(uri)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise SourceError("expected s3://bucket/prefix", where=uri)
+        query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
+        unknown = set(query) - {"endpoint_override", "scheme", "region", "endpoint_url"}
+        if unknown:
+            raise SourceError(f"unknown query parameters: {', '.join(sorted(unknown))}", where=uri)
+        endpoint = query.get("endpoint_url")
+        if endpoint is None and "endpoint_override" in query:
+            endpoint = f"{query.get('scheme', 'https')}://{query['endpoint_override']}"
+        prefix = parts.path.strip("/")
+        return cls(parts.netloc, prefix + "/" if prefix else "", endpoint, query.get("region"))
+
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+
+@dataclass
+class ObjectStoreCounters:
+    """What the store did, for ``.cutfs/stats``."""
+
+    gets: int = 0
+    heads: int = 0
+    bytes_fetched: int = 0
+    retries: int = 0
+    errors: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "gets": self.gets,
+            "heads": self.heads,
+            "bytes_fetched": self.bytes_fetched,
+            "retries": self.retries,
+            "errors": self.errors,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedObject:
+    """An object's size and the ETag every read of it must match."""
+
+    size: int
+    etag: str
+
+
+class ObjectStore:
+    """Bounded, conditional range reads of the objects at one :class:`ObjectLocation`.
+
+    Thread-safe (one botocore client, shared by threads).  Make one per process:
+    botocore clients must not cross a fork.
+    """
+
+    def __init__(
+        self,
+        location: ObjectLocation,
+        *,
+        deadline_seconds: float = 60.0,
+        max_get_bytes: int = MAX_GET_BYTES,
+        merge_gap_bytes: int = MERGE_GAP_BYTES,
+        parallel_gets: int = 8,
+    ) -> None:
+        import botocore.session  # noqa: PLC0415 - 0.2 s to import: only when a store is used
+        from botocore.config import Config  # noqa: PLC0415
+
+        self.location = location
+        self.counters = ObjectStoreCounters()
+        self._deadline_seconds = deadline_seconds
+        self._max_get_bytes = max_get_bytes
+        self._merge_gap_bytes = merge_gap_bytes
+        config = Config(
+            signature_version="s3v4",
+            max_pool_connections=max(parallel_gets, 4) * 2,
+            retries={"max_attempts": 1, "mode": "standard"},  # retried here, under a deadline
+            connect_timeout=min(deadline_seconds, 10.0),
+            read_timeout=min(deadline_seconds, 30.0),
+            s3={"addressing_style": "path"} if location.endpoint_url else {},
+        )
+        session = botocore.session.get_session()
+        self._client: Any = session.create_client(
+            "s3", endpoint_url=location.endpoint_url, region_name=location.region, config=config
+        )
+        self._pins: dict[str, PinnedObject] = {}
+        self._pins_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=parallel_gets, thread_name_prefix="cutfs-get")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+
+    def pin(self, name: str) -> PinnedObject:
+        """The object's size and ETag, fetched once (a HEAD) and kept: later reads must see
+        this version.  :class:`ObjectStoreError` if it cannot be reached or does not exist."""
+        with self._pins_lock:
+            pinned = self._pins.get(name)
+        if pinned is not None:
+            return pinned
+        reply = self._call(
+            name, "head_object", Bucket=self.location.bucket, Key=self.location.key(name)
+        )
+        self.counters.add(heads=1)
+        pinned = PinnedObject(int(reply["ContentLength"]), str(reply["ETag"]))
+        with self._pins_lock:
+            return self._pins.setdefault(name, pinned)
+
+    def size(self, name: str) -> int:
+        return self.pin(name).size
+
+    def read(self, name: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of the pinned object, in GETs of at most ``max_get_bytes``."""
+        return self.read_many(name, [(start, stop)])[0]
+
+    def read_many(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Each range's bytes, fetched with as few GETs as :meth:`plan` makes, at once.
+
+        Raises :class:`ObjectStoreError` for a range outside the object.
+        """
+        pinned = self.pin(name)
+        for start, stop in ranges:
+            if not 0 <= start <= stop <= pinned.size:
+                raise ObjectStoreError(
+                    f"range [{start}, {stop}) is outside the object's {pinned.size} bytes",
+                    where=self._where(name),
+                )
+        gets = self.plan(ranges)
+        begun = time.monotonic()
+        fetched = list(self._pool.map(lambda span: self._get(name, pinned, span, begun), gets))
+        pieces = dict(zip(gets, fetched, strict=True))
+        return [_cut_out(pieces, start, stop) for start, stop in ranges]
+
+    def plan(self, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The GETs that cover ``ranges``: merged where closer than ``merge_gap_bytes``, split
+        where longer than ``max_get_bytes``; empty ranges need none."""
+        merged: list[list[int]] = []
+        for start, stop in sorted(span for span in ranges if span[1] > span[0]):
+            if merged and start - merged[-1][1] <= self._merge_gap_bytes:
+                merged[-1][1] = max(merged[-1][1], stop)
+            else:
+                merged.append([start, stop])
+        gets = []
+        for start, stop in merged:
+            for part in range(start, stop, self._max_get_bytes):
+                gets.append((part, min(part + self._max_get_bytes, stop)))
+        return gets
+
+    def _get(self, name: str, pinned: PinnedObject, span: tuple[int, int], begun: float) -> bytes:
+        start, stop = span
+        reply = self._call(
+            name,
+            "get_object",
+            begun=begun,
+            Bucket=self.location.bucket,
+            Key=self.location.key(name),
+            Range=f"bytes={start}-{stop - 1}",
+            IfMatch=pinned.etag,
+        )
+        data: bytes = reply["Body"].read()
+        self.counters.add(gets=1, bytes_fetched=len(data))
+        if len(data) != stop - start:
+            self.counters.add(errors=1)
+            raise ObjectStoreError(
+                f"asked for {stop - start} bytes at {start}, got {len(data)}",
+                where=self._where(name),
+            )
+        return data
+
+    def _call(self, name: str, operation: str, begun: float | None = None, **arguments: Any) -> Any:
+        """One request, retried with backoff on throttling and server errors until the
+        deadline; other failures are final."""
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+        begun = time.monotonic() if begun is None else begun
+        pause = 0.05
+        while True:
+            try:
+                return getattr(self._client, operation)(**arguments)
+            except ClientError as exc:
+                error = exc.response.get("Error", {})
+                code = str(error.get("Code", ""))
+                status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+                if code == "PreconditionFailed" or status == 412:
+                    self.counters.add(errors=1)
+                    raise ObjectChangedError(
+                        "the object changed since it was mounted: remount to serve the new one",
+                        where=self._where(name),
+                    ) from exc
+                retryable = status >= 500 or code in _RETRYABLE_CODES
+                failure = f"{operation} failed: {code or status} {error.get('Message', '')}".strip()
+            except BotoCoreError as exc:  # connection refused, timed out, ...
+                retryable, failure = True, f"{operation} failed: {exc}"
+            self.counters.add(errors=1)
+            if not retryable or time.monotonic() + pause - begun > self._deadline_seconds:
+                raise ObjectStoreError(failure, where=self._where(name))
+            self.counters.add(retries=1)
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+    def _where(self, name: str) -> str:
+        return f"s3://{self.location.bucket}/{self.location.key(name)}"
+
+
+def _cut_out(pieces: dict[tuple[int, int], bytes], start: int, stop: int) -> bytes:
+    """Bytes ``[start, stop)`` from the fetched pieces that cover them."""
+    if stop == start:
+        return b""
+    parts = []
+    for (piece_start, piece_stop), data in sorted(pieces.items()):
+        if piece_stop <= start or piece_start >= stop:
+            continue
+        parts.append(
+            data[max(start, piece_start) - piece_start : min(stop, piece_stop) - piece_start]
+        )
+    return b"".join(parts)
