@@ -9,7 +9,9 @@ copied once into the local cache (``<cache root>/catalogues/<key>``, private
 to the user) and mapped from there; only decoding, which runs in workers
 under a deadline, reads the shards themselves.  The key covers the
 manifest and the tables' (inode, size, modification time), so a changed
-directory gets a fresh copy.
+directory gets a fresh copy.  The cache and the copies must be private to the
+daemon's user (:func:`cutfs.codec.private_directory.private_directory`): a copy
+planted by someone else would be served.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Final
 from cutfs.codec.errors import SourceError
 from cutfs.codec.file_tree import TREE_FILES
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE
+from cutfs.codec.private_directory import private_directory
 from cutfs.codec.shard_format import (
     CUTS_FILE,
     CUTS_TREE,
@@ -74,10 +77,12 @@ def catalogue_directory(shard_dir: str, cache_root: str | None) -> str:
         digest.update(f"{name}\0{file_stamp(os.path.join(shard_dir, name))}\0".encode())
     parent = os.path.join(cache_root, "catalogues")
     copy = os.path.join(parent, digest.hexdigest()[:32])
+    private_directory(cache_root)  # a copy planted by someone else must not be mapped
+    private_directory(parent)
     if os.path.isdir(copy):
+        private_directory(copy)
         return copy
     try:
-        os.makedirs(parent, mode=0o700, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=".partial-", dir=parent)
         try:
             for name in present:

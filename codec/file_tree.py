@@ -30,7 +30,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, overload
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.mapped_table import (
     BinaryColumn,
+    RowSequence,
     int_view,
     native_int_view,
     read_mapped,
@@ -302,7 +303,8 @@ class FileTree:
 
     def entries(self, directory: int) -> Sequence[Entry]:
         """A directory's entries in name order; position ``k`` is its ``k``-th row."""
-        return _Listing(self, int(self._first[directory]), int(self._counts[directory]))
+        first = int(self._first[directory])
+        return RowSequence(int(self._counts[directory]), lambda k: self.entry_at(first + k))
 
     def entry_at(self, row: int) -> Entry:
         """The entry at a row, its numbers checked here rather than for all rows at open
@@ -359,29 +361,6 @@ class FileTree:
             or len(self._items) != entry_count
         ):
             raise ShardFormatError("the file tree's rows are inconsistent", where=self._prefix)
-
-
-class _Listing(Sequence[Entry]):
-    def __init__(self, tree: FileTree, first: int, count: int) -> None:
-        self._tree = tree
-        self._first = first
-        self._count = count
-
-    def __len__(self) -> int:
-        return self._count
-
-    @overload
-    def __getitem__(self, position: int) -> Entry: ...
-
-    @overload
-    def __getitem__(self, position: slice) -> Sequence[Entry]: ...
-
-    def __getitem__(self, position: int | slice) -> Entry | Sequence[Entry]:
-        if isinstance(position, slice):
-            return [self[k] for k in range(*position.indices(self._count))]
-        if not 0 <= position < self._count:
-            raise IndexError(position)
-        return self._tree.entry_at(self._first + position)
 
 
 def _clashing_items(paths: pa.Array) -> list[int]:

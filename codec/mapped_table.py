@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import mmap
 import weakref
-from collections.abc import Sequence
-from typing import Any, overload
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -219,3 +219,34 @@ class ListColumn:
     @classmethod
     def of(cls, table: pa.Table, name: str) -> ListColumn:
         return cls(single_chunk(table, name))
+
+
+_Row = TypeVar("_Row")
+
+
+class RowSequence(Sequence[_Row]):
+    """A sequence made as it is read: ``row(k)`` for ``k < count``, then the fixed
+    ``extras`` (listings of millions of entries, none made ahead)."""
+
+    def __init__(self, count: int, row: Callable[[int], _Row], extras: Sequence[_Row] = ()):
+        self._count = count
+        self._row = row
+        self._extras = extras
+
+    def __len__(self) -> int:
+        return self._count + len(self._extras)
+
+    @overload
+    def __getitem__(self, position: int) -> _Row: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> Sequence[_Row]: ...
+
+    def __getitem__(self, position: int | slice) -> _Row | Sequence[_Row]:
+        if isinstance(position, slice):
+            return [self[k] for k in range(*position.indices(len(self)))]
+        if not 0 <= position < len(self):
+            raise IndexError(position)
+        if position < self._count:
+            return self._row(position)
+        return self._extras[position - self._count]

@@ -36,7 +36,6 @@ import hashlib
 import json
 import math
 import os
-import stat
 import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
@@ -63,6 +62,7 @@ from cutfs.codec.limits import (
 )
 from cutfs.codec.mapped_table import float_view, read_mapped
 from cutfs.codec.pcm import Int16Array
+from cutfs.codec.private_directory import private_directory
 from cutfs.codec.recording import Recording
 from cutfs.codec.recording_indexer import index_recording
 from cutfs.codec.recording_table import recording_from_row, recording_row
@@ -220,42 +220,6 @@ def prepare_index(source: str, cache_root: str, policy: SourcePolicy | None = No
             where=directory,
         ) from exc
     return directory
-
-
-def private_directory(path: str) -> None:
-    """Make sure ``path`` is a directory only this process's user can reach and write.
-
-    It is created (mode 0700) if missing.  An existing one must be a real
-    directory (not a link), owned by this user, and writable by nobody else:
-    a cache that others can write could plant plans that serve other audio.
-    Raises :class:`SourceError` saying what is wrong.
-    """
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        status = os.lstat(path)
-    except OSError as exc:
-        raise SourceError(
-            f"cannot create the index cache: {exc.strerror} (choose another with --cache-dir)",
-            where=path,
-        ) from exc
-    user = os.geteuid()
-    if not stat.S_ISDIR(status.st_mode):
-        raise SourceError("the index cache is not a directory (a link?)", where=path)
-    if status.st_uid != user:
-        raise SourceError(
-            f"the index cache belongs to uid {status.st_uid}, not to this daemon's user "
-            f"{user}: choose a private directory with --cache-dir",
-            where=path,
-        )
-    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise SourceError(
-            "the index cache is writable by its group or others: choose a private "
-            "directory with --cache-dir (or chmod go-w it)",
-            where=path,
-        )
-    if status.st_mode & 0o077:
-        with contextlib.suppress(OSError):
-            os.chmod(path, 0o700)
 
 
 def _refuse_links_out(source: str, policy: SourcePolicy) -> None:

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 import trio
 
-from cutfs.codec.errors import ShardFormatError
+from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.file_tree import served_paths
 from cutfs.codec.kaldi_order import KaldiOrder, kaldi_key, write_kaldi_order
 from cutfs.codec.packer import pack
@@ -253,3 +253,22 @@ def test_a_recording_row_that_lies_fails_where_it_is_used(packed: Path, tmp_path
             shards.cut_frames(0)
         with pytest.raises(ShardFormatError, match="numbers out of range"):
             shards.blob_location(0)
+
+
+def test_catalogues_on_network_storage_are_copied_to_a_private_cache(
+    packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cutfs.codec import catalogue_copy  # noqa: PLC0415
+
+    monkeypatch.setattr(catalogue_copy, "is_on_network_storage", lambda path: True)
+    cache = tmp_path / "cache"
+    copy = Path(catalogue_copy.catalogue_directory(str(packed), str(cache)))
+    assert copy.parent == cache / "catalogues"
+    assert (copy / CUTS_FILE).read_bytes() == (packed / CUTS_FILE).read_bytes()
+    assert {item.stat().st_mode & 0o777 for item in copy.iterdir()} == {0o600}
+    assert catalogue_copy.catalogue_directory(str(packed), str(cache)) == str(copy)  # reused
+    with ShardSet(str(packed), cache_root=str(cache)) as shards:
+        assert list(shards.cut_ids) == [i or "empty" for i in IDS]
+    copy.chmod(0o777)  # a copy others could have written is not mapped
+    with pytest.raises(SourceError, match="writable by its group or others"):
+        catalogue_copy.catalogue_directory(str(packed), str(cache))

@@ -8,13 +8,13 @@ from typing import Final
 
 from cutfs.codec.file_tree import FileTree
 from cutfs.codec.library import Library
+from cutfs.codec.mapped_table import RowSequence
 from cutfs.vfs.view import (
     CUT_DIRECTORY_BASE,
     CUT_INODE_BASE,
     ROOT_INODE,
     AudioSpan,
     Entry,
-    MappedListing,
     NodeKind,
     View,
 )
@@ -74,7 +74,7 @@ class CutsView(View):
                 return found.name, CUT_DIRECTORY_BASE + found.child
             return found.name, CUT_INODE_BASE + found.item
 
-        return MappedListing(len(entries), entry, self._extras if number == 0 else ())
+        return RowSequence(len(entries), entry, self._extras if number == 0 else ())
 
     def audio(self, inode: int) -> AudioSpan | None:
         found = self._library.cut_frames(inode - CUT_INODE_BASE)

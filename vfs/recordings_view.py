@@ -13,6 +13,7 @@ from typing import Final
 
 from cutfs.codec.file_tree import FileTree
 from cutfs.codec.library import Library
+from cutfs.codec.mapped_table import RowSequence
 from cutfs.codec.path_escape import SUFFIX
 from cutfs.vfs.span_table import SpanTable
 from cutfs.vfs.view import (
@@ -24,7 +25,6 @@ from cutfs.vfs.view import (
     WINDOW_INODE_BASE,
     AudioSpan,
     Entry,
-    MappedListing,
     NodeKind,
     ShapeOf,
     View,
@@ -118,7 +118,7 @@ class RecordingsView(View):
                 return found.name, RECORDING_DIRECTORY_BASE + found.child
             return found.name, RECORDING_INODE_BASE + found.item
 
-        return MappedListing(len(entries), entry)
+        return RowSequence(len(entries), entry)
 
     def audio(self, inode: int) -> AudioSpan | None:
         recording = self.recording_of(inode)

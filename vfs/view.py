@@ -32,7 +32,7 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final, Protocol, overload
+from typing import Final, Protocol
 
 from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.library import AudioShape
@@ -151,34 +151,6 @@ class View:
 
     def forget(self, inode: int, references: int) -> None:
         """The kernel dropped ``references`` lookups of ``inode``."""
-
-
-class MappedListing(Sequence[Entry]):
-    """Entries made from rows as they are read: ``entry(k)`` for ``k < count``, then the
-    fixed ``extras``."""
-
-    def __init__(self, count: int, entry: Callable[[int], Entry], extras: Sequence[Entry] = ()):
-        self._count = count
-        self._entry = entry
-        self._extras = extras
-
-    def __len__(self) -> int:
-        return self._count + len(self._extras)
-
-    @overload
-    def __getitem__(self, position: int) -> Entry: ...
-
-    @overload
-    def __getitem__(self, position: slice) -> Sequence[Entry]: ...
-
-    def __getitem__(self, position: int | slice) -> Entry | Sequence[Entry]:
-        if isinstance(position, slice):
-            return [self[k] for k in range(*position.indices(len(self)))]
-        if not 0 <= position < len(self):
-            raise IndexError(position)
-        if position < self._count:
-            return self._entry(position)
-        return self._extras[position - self._count]
 
 
 def parse_range_name(name: bytes, shape: AudioShape) -> tuple[int, int] | None:

@@ -16,6 +16,7 @@ from typing import Final
 from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.file_tree import FileTree
 from cutfs.codec.library import AudioShape, Library
+from cutfs.codec.mapped_table import RowSequence
 from cutfs.codec.path_escape import SUFFIX
 from cutfs.vfs.view import (
     ROOT_INODE,
@@ -25,7 +26,6 @@ from cutfs.vfs.view import (
     WINDOW_TREE_BASE,
     AudioSpan,
     Entry,
-    MappedListing,
     NodeKind,
     ShapeOf,
     View,
@@ -159,7 +159,7 @@ class WindowsView(View):
             shape = self._library.shape(recording)
             if shape is None:
                 return ()
-            return MappedListing(
+            return RowSequence(
                 self._windows.count(shape), lambda k: self._window_entry(recording, shape, k)
             )
         entries = self._tree.entries(directory - WINDOW_TREE_BASE)
@@ -170,7 +170,7 @@ class WindowsView(View):
                 return found.name, WINDOW_TREE_BASE + found.child
             return found.name.removesuffix(_SUFFIX), WINDOW_DIRECTORY_BASE + found.item
 
-        return MappedListing(len(entries), entry)
+        return RowSequence(len(entries), entry)
 
     def _window_entry(self, recording: int, shape: AudioShape, number: int) -> Entry:
         start, end = self._windows.span(shape, number)

@@ -1,0 +1,45 @@
+"""Cache directories only the daemon's user can write: the index cache and catalogue copies."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+
+from cutfs.codec.errors import SourceError
+
+
+def private_directory(path: str) -> None:
+    """Make sure ``path`` is a directory only this process's user can reach and write.
+
+    It is created (mode 0700) if missing.  An existing one must be a real
+    directory (not a link), owned by this user, and writable by nobody else:
+    a cache that others can write could plant plans that serve other audio.
+    Raises :class:`SourceError` saying what is wrong.
+    """
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        status = os.lstat(path)
+    except OSError as exc:
+        raise SourceError(
+            f"cannot create the index cache: {exc.strerror} (choose another with --cache-dir)",
+            where=path,
+        ) from exc
+    user = os.geteuid()
+    if not stat.S_ISDIR(status.st_mode):
+        raise SourceError("the index cache is not a directory (a link?)", where=path)
+    if status.st_uid != user:
+        raise SourceError(
+            f"the index cache belongs to uid {status.st_uid}, not to this daemon's user "
+            f"{user}: choose a private directory with --cache-dir",
+            where=path,
+        )
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise SourceError(
+            "the index cache is writable by its group or others: choose a private "
+            "directory with --cache-dir (or chmod go-w it)",
+            where=path,
+        )
+    if status.st_mode & 0o077:
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700)
