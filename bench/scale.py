@@ -263,14 +263,13 @@ def _catalogue(base: Path, directory: Path, count: int) -> Path:
     started = time.perf_counter()
     rng = np.random.default_rng(count)
     numbers = np.arange(count, dtype=np.int64)
-    ids = (
-        pa.array([f"s{n // PER_DIRECTORY:05d}/u{n:09d}" for n in range(count)], pa.string())
-        if count <= 1_000_000
-        else _ids(numbers)
-    )
+    ids = _ids(numbers)
     recordings = rng.integers(0, RECORDINGS, count, dtype=np.int64)
     starts = rng.integers(0, RECORDING_SECONDS * RATE - CUT_FRAMES, count, dtype=np.int64)
-    metadata = pa.array(['{"text": "hello world"}'] * count, pa.string())
+    # Beyond ten million cuts the metadata is left empty, so that writing the catalogue fits
+    # in this machine's memory (the writer sorts in memory: see docs/design.md).
+    text = '{"text": "hello world"}' if count <= 10_000_000 else "{}"
+    metadata = pa.repeat(pa.scalar(text, pa.large_string()), count)
     channels = pa.ListArray.from_arrays(
         pa.array(np.zeros(count + 1, dtype=np.int32)), pa.array([], pa.int16())
     )
@@ -287,7 +286,7 @@ def _catalogue(base: Path, directory: Path, count: int) -> Path:
     )
     write_cut_catalogue(str(directory), cuts)
     manifest = json.loads((base / MANIFEST_FILE).read_text())
-    manifest.update(cuts=count, mentions={"text": True, "speaker": False})
+    manifest.update(cuts=count, mentions={"text": count <= 10_000_000, "speaker": False})
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
     print(f"catalogue of {count} cuts written in {time.perf_counter() - started:.1f} s", flush=True)
     return directory
@@ -297,9 +296,15 @@ def _ids(numbers: np.ndarray) -> pa.Array:
     """``s<dir>/u<number>`` for many numbers without a Python string each."""
     import pyarrow.compute as pc  # noqa: PLC0415
 
-    directories = pc.utf8_lpad(pc.cast(pa.array(numbers // PER_DIRECTORY), pa.string()), 5, "0")
-    cuts = pc.utf8_lpad(pc.cast(pa.array(numbers), pa.string()), 9, "0")
-    return pc.binary_join_element_wise("s", directories, "/u", cuts, "")
+    directories = pc.utf8_lpad(
+        pc.cast(pa.array(numbers // PER_DIRECTORY), pa.large_string()), 5, "0"
+    )
+    cuts = pc.utf8_lpad(pc.cast(pa.array(numbers), pa.large_string()), 9, "0")
+
+    def text(value: str) -> pa.Scalar:
+        return pa.scalar(value, pa.large_string())
+
+    return pc.binary_join_element_wise(text("s"), directories, text("/u"), cuts, text(""))
 
 
 def _measure(directory: Path, mountpoint: Path, count: int) -> dict[str, Any]:

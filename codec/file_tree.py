@@ -156,45 +156,24 @@ def write_file_tree(prefix: str, paths: Sequence[str] | pa.Array, mode: int | No
     them) to ``<prefix>.entries.arrow``, ``.directories.arrow`` and ``.paths.arrow``, with
     permission bits ``mode`` (default: as the umask makes them).
 
-    Built with Arrow's vectorised kernels, level by level of directories: memory is a few
-    times the paths' own bytes, whatever their number.
+    Built with Arrow's vectorised kernels, a few million paths at a time and level by
+    level of directories within them; what is kept across batches is the directories and
+    one row per entry, sorted once at the end (about 100 bytes per path at the peak).
     """
     path_array = pa.array(paths, pa.large_string()) if not isinstance(paths, pa.Array) else paths
     path_array = path_array.cast(pa.large_string())
-    count = len(path_array)
-    parts = pc.split_pattern(path_array, "/")
-    depth = np.asarray(pc.list_value_length(parts).to_numpy(zero_copy_only=False), np.int64)
-    item_directory = np.zeros(count, dtype=np.int64)  # the deepest directory seen so far
-    parents: list[npt.NDArray[np.int64]] = [np.array([-1], dtype=np.int64)]
-    directory_entries: list[pa.Table] = []
-    separator = pa.scalar("/", pa.large_string())
-    next_number = 1
-    for level in range(1, int(depth.max()) if count else 1):
-        items = np.flatnonzero(depth > level)
-        prefixes = pc.binary_join(pc.list_slice(parts.take(items), 0, level), separator)
-        unique = pc.unique(prefixes)
-        numbers = next_number + np.arange(len(unique), dtype=np.int64)
-        first_seen = items[np.asarray(pc.index_in(unique, value_set=prefixes).to_numpy())]
-        names = pc.list_element(parts.take(first_seen), level - 1)
-        parents.append(item_directory[first_seen])
-        directory_entries.append(
-            _entry_table(item_directory[first_seen], names, numbers, np.full(len(unique), -1))
-        )
-        positions = np.asarray(pc.index_in(prefixes, value_set=unique).to_numpy())
-        item_directory[items] = numbers[positions]
-        next_number += len(unique)
-    file_names = pc.replace_substring_regex(path_array, r"^.*/", "")
-    files = _entry_table(
-        item_directory, file_names, np.full(count, -1), np.arange(count, dtype=np.int64)
-    )
-    entries = pa.concat_tables([*directory_entries, files])
+    found = _Directories()
+    batches = range(0, len(path_array), _TREE_BATCH)
+    files = [found.add_files(path_array, start) for start in batches]
+    parent, directory_entries = found.parents(), found.entries
+    entries = pa.concat_tables([*directory_entries, *files] or [_ENTRY_SCHEMA.empty_table()])
+    del files, directory_entries
     order = pc.sort_indices(entries, [("directory", "ascending"), ("name", "ascending")])
     entries = entries.take(order).combine_chunks()
     entries = entries.append_column(
         _KEY_SCHEMA.field(0), pa.array(_name_keys(entries.column("name")))
     )
     directory_column = np.asarray(entries.column("directory").to_numpy(), dtype=np.int64)
-    parent = np.concatenate(parents)
     numbers = np.arange(len(parent))
     first = np.searchsorted(directory_column, numbers, side="left")
     end = np.searchsorted(directory_column, numbers, side="right")
@@ -230,6 +209,71 @@ def _name_keys(names: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.uint64]:
 def name_key(name: bytes) -> int:
     """The key of one name (see :data:`_KEY_SCHEMA`)."""
     return int.from_bytes(name[:8].ljust(8, b"\0"), "big")
+
+
+#: Paths whose directories are found at once by :func:`write_file_tree`.
+_TREE_BATCH: Final = 4 * _BATCH
+
+
+class _Directories:
+    """The directories of a tree as batches of paths reveal them, numbered in order of
+    discovery (the root is 0), each known by its path."""
+
+    def __init__(self) -> None:
+        self.known = pa.array([], pa.large_string())
+        self.numbers = np.zeros(0, dtype=np.int64)
+        self._parents: list[npt.NDArray[np.int64]] = [np.array([-1], dtype=np.int64)]
+        self.entries: list[pa.Table] = []
+        self._next = 1
+
+    def parents(self) -> npt.NDArray[np.int64]:
+        return np.concatenate(self._parents)
+
+    def add_files(self, paths: pa.Array, start: int) -> pa.Table:
+        """The file entries of ``paths[start:start + _TREE_BATCH]`` (items numbered from
+        ``start``), adding the directories they need."""
+        batch = paths.slice(start, _TREE_BATCH)
+        parts = pc.split_pattern(batch, "/")
+        depth = np.asarray(pc.list_value_length(parts).to_numpy(zero_copy_only=False), np.int64)
+        directory = np.zeros(len(batch), dtype=np.int64)  # the deepest directory seen so far
+        separator = pa.scalar("/", pa.large_string())
+        for level in range(1, int(depth.max()) if len(batch) else 1):
+            items = np.flatnonzero(depth > level)
+            level_parts = parts.take(pa.array(items))
+            prefixes = pc.binary_join(pc.list_slice(level_parts, 0, level), separator)
+            found = self._number(prefixes, level_parts, level, directory[items])
+            directory[items] = found
+        names = pc.replace_substring_regex(batch, r"^.*/", "")
+        count = len(batch)
+        return _entry_table(
+            directory, names, np.full(count, -1), np.arange(start, start + count, dtype=np.int64)
+        )
+
+    def _number(
+        self,
+        prefixes: pa.Array,
+        level_parts: pa.Array,
+        level: int,
+        parents: npt.NDArray[np.int64],
+    ) -> npt.NDArray[np.int64]:
+        """The number of each directory path in ``prefixes``; new ones are numbered and
+        their entries (in ``parents``, named by component ``level - 1``) recorded."""
+        position = pc.index_in(prefixes, value_set=self.known)
+        new = pc.is_null(position)
+        if pc.any(new).as_py():
+            fresh = pc.unique(prefixes.filter(new))
+            rows = np.asarray(pc.index_in(fresh, value_set=prefixes).to_numpy(), np.int64)
+            numbers = self._next + np.arange(len(fresh), dtype=np.int64)
+            names = pc.list_element(level_parts.take(pa.array(rows)), level - 1)
+            self._parents.append(parents[rows])
+            self.entries.append(
+                _entry_table(parents[rows], names, numbers, np.full(len(fresh), -1))
+            )
+            self._next += len(fresh)
+            self.known = pa.concat_arrays([self.known, fresh])
+            self.numbers = np.concatenate([self.numbers, numbers])
+            position = pc.index_in(prefixes, value_set=self.known)
+        return self.numbers[np.asarray(position.to_numpy(zero_copy_only=False), np.int64)]
 
 
 def _entry_table(
@@ -366,12 +410,18 @@ class FileTree:
 def _clashing_items(paths: pa.Array) -> list[int]:
     """Items whose path clashes with an earlier item's, ascending; empty in the common case.
 
+    Every file's name ends in ``.wav``, so a file where a directory is needed means
+    some path holds ``.wav/``: without one (the common case, checked in one pass
+    that allocates nothing per path) there is no clash.
+
     A clash is a file where another item needs a directory.  The first item
     to claim the name keeps it: a later file is escaped, or, when the file
     came first, every item below the directory it would need.  The work is a
     few vectorised passes per directory level, however many clashes there are
     (ids come from other people: a scan per clash would be quadratic).
     """
+    if not pc.any(pc.match_substring(paths, SUFFIX + "/")).as_py():
+        return []
     levels = _directory_levels(paths)
     if not levels:
         return []

@@ -64,11 +64,12 @@ def write_kaldi_order(
     docstring); ``mode`` sets the file's permission bits."""
     keys = kaldi_keys(cut_ids)
     order = pc.sort_indices(keys.cast(pa.large_binary()))
-    line_bytes = pc.add(
-        pc.binary_length(keys.take(order)),
-        pc.binary_length(cut_paths.cast(pa.large_string()).take(order)),
-    )
-    text_end = np.cumsum(np.asarray(line_bytes.to_numpy(zero_copy_only=False), dtype=np.int64))
+    lengths = pc.add(
+        pc.binary_length(keys).cast(pa.int64()),
+        pc.binary_length(cut_paths.cast(pa.large_string())).cast(pa.int64()),
+    )  # taken in order as numbers, not as strings
+    line_bytes = np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
+    text_end = np.cumsum(line_bytes[np.asarray(order.to_numpy(), dtype=np.int64)])
     table = pa.table(
         [pa.array(np.asarray(order.to_numpy(), dtype=np.int64)), pa.array(text_end)],
         schema=_SCHEMA,

@@ -297,12 +297,12 @@ def _cuts_table(
     )
     return pa.table(
         [
-            cuts.column("cut_id"),
+            cuts.column("cut_id").cast(pa.large_string()),
             pa.array(numbers, pa.int32()),
             pa.array(starts),
             pa.array(counts),
             channels,
-            cuts.column("metadata"),
+            cuts.column("metadata").cast(pa.large_string()),
         ],
         schema=CUTS_SCHEMA,
     )

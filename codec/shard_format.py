@@ -86,12 +86,12 @@ RECORDINGS_SCHEMA: Final = pa.schema(
 
 CUTS_SCHEMA: Final = pa.schema(
     [
-        ("cut_id", pa.string()),
+        ("cut_id", pa.large_string()),
         ("recording", pa.int32()),
         ("start_frame", pa.int64()),
         ("num_frames", pa.int64()),
         ("channels", pa.list_(pa.int16())),
-        ("metadata", pa.string()),
+        ("metadata", pa.large_string()),
     ]
 )
 

@@ -83,7 +83,7 @@ from cutfs.codec.storage import LocalStorage, Storage, file_stamp
 INDEX_FILE: Final = "source-index.json"
 INDEX_FORMAT: Final = "cutfs-source-index"
 #: Bumped when plans or tables change meaning: older index directories are rebuilt.
-INDEX_VERSION: Final = 3
+INDEX_VERSION: Final = 4
 _RECORDINGS: Final = "recordings.arrow"
 _CUTS: Final = "cuts.arrow"
 _PLANS: Final = "plans"
@@ -112,12 +112,12 @@ _CATALOGUE_RECORDINGS: Final = pa.schema(
 )
 _CATALOGUE_CUTS: Final = pa.schema(
     [
-        ("cut_id", pa.string()),
+        ("cut_id", pa.large_string()),
         ("recording", pa.int32()),
         ("start_seconds", pa.float64()),
         ("duration_seconds", pa.float64()),  # NaN: to the end of the recording
         ("channels", pa.list_(pa.int16())),  # empty: all
-        ("metadata", pa.string()),
+        ("metadata", pa.large_string()),
     ]
 )
 _PLAN_SCHEMA: Final = RECORDINGS_SCHEMA
@@ -800,12 +800,12 @@ def _cuts_table(catalogue: SourceCatalogue) -> pa.Table:
     channels = cuts.column("channels")
     return pa.table(
         [
-            cuts.column("cut_id"),
+            cuts.column("cut_id").cast(pa.large_string()),
             pc.index_in(cuts.column("recording_id"), value_set=ids).cast(pa.int32()),
             cuts.column("start_seconds"),
             cuts.column("duration_seconds"),
             pc.if_else(pc.is_null(channels), pa.scalar([], channels.type), channels),
-            cuts.column("metadata"),
+            cuts.column("metadata").cast(pa.large_string()),
         ],
         schema=_CATALOGUE_CUTS,
     )

@@ -66,7 +66,7 @@ def test_listings_are_sorted_rows_with_stable_offsets(tmp_path: Path) -> None:
     tree, _ = _tree(tmp_path, ids)
     root = tree.entries(ROOT)
     names = [entry.name for entry in root]
-    assert names == sorted(names)
+    assert names == sorted(names) and len(set(names)) == len(names)
     assert set(names) == {f"spk{n}".encode() for n in range(7)} | {
         b"aa.wav",
         b"zz.wav",
@@ -119,3 +119,40 @@ def test_many_clashes_resolve_each_in_favour_of_the_first_claim() -> None:
     assert paths[2 * pairs : 3 * pairs] == [f"d{n}.wav/x.wav" for n in range(pairs)]
     assert all(path.startswith("%") for path in paths[3 * pairs :])
     assert [unescape_path(path) for path in paths] == ids
+
+
+def _walk(tree: FileTree, directory: int = ROOT, path: str = "") -> dict[str, int | None]:
+    """Every entry's path, with its item (None for a directory), and the order of listings."""
+    found: dict[str, int | None] = {}
+    names = []
+    for entry in tree.entries(directory):
+        names.append(entry.name)
+        where = path + entry.name.decode("utf-8", "surrogateescape")
+        if entry.is_directory:
+            assert tree.parent(entry.child) == directory
+            found[where + "/"] = None
+            found.update(_walk(tree, entry.child, where + "/"))
+        else:
+            found[where] = entry.item
+    assert names == sorted(names) and len(set(names)) == len(names)
+    subdirectories = sum(entry.is_directory for entry in tree.entries(directory))
+    assert tree.subdirectories(directory) == subdirectories
+    return found
+
+
+def test_a_tree_written_in_small_batches_is_the_same_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cutfs.codec import file_tree  # noqa: PLC0415
+
+    ids = [f"spk{n % 7}/sess{n % 5}/utt-{n:05d}" for n in range(600)]
+    ids += [*ODD_IDS, "a", "a.wav/b", "deep/x/y/z/w", "deep/x/v"]
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "batched").mkdir()
+    whole, paths = _tree(tmp_path / "whole", ids)
+    monkeypatch.setattr(file_tree, "_TREE_BATCH", 7)  # directories met again in later batches
+    batched, _ = _tree(tmp_path / "batched", ids)
+    assert _walk(batched) == _walk(whole)
+    assert len([p for p, item in _walk(batched).items() if item is not None]) == len(ids)
+    for item, path in enumerate(paths):
+        assert _resolve(batched, path) == item

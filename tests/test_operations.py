@@ -20,6 +20,7 @@ from conftest import Reference, copy_and_damage
 from cutfs.codec.packer import pack
 from cutfs.codec.shard_format import CUTS_FILE
 from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.shard_writer import write_cut_catalogue
 from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.decode_pool import DecodePool
 from cutfs.vfs.filesystem import Filesystem
@@ -246,14 +247,13 @@ def test_hostile_ids_stay_inside_the_mount(corpus: dict[str, str], tmp_path: Pat
     segments = "".join(f"seg{n} rec {n}.0 {n + 1}.0\n" for n in range(len(HOSTILE_IDS)))
     (data / "segments").write_text(segments)
     pack([str(data)], str(tmp_path / "shards"))
-    # Give the cuts hostile ids by rewriting the table (Kaldi ids cannot hold them).
+    # Give the cuts hostile ids (Kaldi ids cannot hold them): the catalogue is written again
+    # from them by the packer's own writer, file tree and Kaldi order included.
     path = tmp_path / "shards" / CUTS_FILE
     with pa.OSFile(str(path), "rb") as source:
         table = pa.ipc.open_file(source).read_all()
-    ids = pa.array(HOSTILE_IDS)
-    table = table.set_column(0, "cut_id", ids)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
+    table = table.set_column(0, "cut_id", pa.array(HOSTILE_IDS, pa.large_string()))
+    write_cut_catalogue(str(tmp_path / "shards"), table)
     mount = Mount(str(tmp_path / "shards"))
 
     async def walk(inode: int, depth: int) -> list[bytes]:
