@@ -64,11 +64,22 @@ def read_mapped(path: str, required: pa.Schema | None = None) -> pa.Table:
         raise ShardFormatError(f"cannot read table: {exc}", where=path) from exc
     for field in required or ():
         found = table.schema.field(field.name) if field.name in table.schema.names else None
-        if found is None or not found.type.equals(field.type):
+        if found is None or not _compatible(found.type, field.type):
             raise ShardFormatError(
                 f"column {field.name!r} is missing or of another type", where=path
             )
     return table
+
+
+def _compatible(found: pa.DataType, wanted: pa.DataType) -> bool:
+    """Whether a column of type ``found`` can be read as ``wanted``: the same type, or
+    strings (binaries) with the other offset width, which :class:`BinaryColumn` reads alike
+    (cuts tables of shard format 1 have 32-bit ones)."""
+    if found.equals(wanted):
+        return True
+    strings = (pa.string(), pa.large_string())
+    binaries = (pa.binary(), pa.large_binary())
+    return any(found in group and wanted in group for group in (strings, binaries))
 
 
 def single_chunk(table: pa.Table, name: str) -> pa.Array:

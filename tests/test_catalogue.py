@@ -174,12 +174,13 @@ def test_a_format_1_directory_still_mounts_with_the_same_catalogue(
     (old / MANIFEST_FILE).write_text(json.dumps(manifest))
     with pa.OSFile(str(old / RECORDINGS_FILE), "rb") as source:  # a copy: the file is rewritten
         table = pa.ipc.open_file(source).read_all()
-    table = table.drop_columns(["blob_offset"])
-    with (
-        pa.OSFile(str(old / RECORDINGS_FILE), "wb") as sink,
-        pa.ipc.new_file(sink, table.schema) as writer,
-    ):
-        writer.write_table(table)
+    _rewrite(old / RECORDINGS_FILE, table.drop_columns(["blob_offset"]))
+    with pa.OSFile(str(old / CUTS_FILE), "rb") as source:  # format 1 had 32-bit strings
+        cuts = pa.ipc.open_file(source).read_all()
+    for name in ("cut_id", "metadata"):
+        index = cuts.schema.get_field_index(name)
+        cuts = cuts.set_column(index, name, cuts.column(name).cast(pa.string()))
+    _rewrite(old / CUTS_FILE, cuts)
     with ShardSet(str(packed)) as new, ShardSet(str(old)) as legacy:
         assert legacy.version == 1
         assert list(legacy.cut_ids) == list(new.cut_ids)
@@ -190,6 +191,11 @@ def test_a_format_1_directory_still_mounts_with_the_same_catalogue(
             legacy.read_frames(0, cut.start_frame, cut.end_frame)
             == new.read_frames(0, cut.start_frame, cut.end_frame)
         ).all()
+
+
+def _rewrite(path: Path, table: pa.Table) -> None:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
 
 
 def test_the_cuts_view_looks_up_and_lists_without_a_mount(packed: Path) -> None:
