@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import soundfile
+from processes import daemon_pids, read_bytes
 
 from cutfs.codec.shard_set import ShardSet
 
@@ -606,35 +607,6 @@ def _throughput(setup: Setup, mounts: Mounts) -> list[dict[str, Any]]:
     return rows
 
 
-def _io_read_bytes(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-                if line.startswith("read_bytes:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
-
-
-def _cutfs_pids(mountpoint: Path) -> list[int]:
-    daemons = subprocess.run(
-        ["pgrep", "-f", f"cutfs.vfs.cli .*{mountpoint}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
-    children = (
-        subprocess.run(
-            ["pgrep", "-P", ",".join(daemons)], capture_output=True, text=True, check=False
-        ).stdout.split()
-        if daemons
-        else []
-    )
-    return [int(pid) for pid in daemons + children]
-
-
 def _bytes_per_cut(setup: Setup, mounts: Mounts) -> list[dict[str, Any]]:
     """Bytes read from storage per cold cut, against the compressed size of the cut's span."""
     rows = []
@@ -651,9 +623,9 @@ def _bytes_per_cut(setup: Setup, mounts: Mounts) -> list[dict[str, Any]]:
             other = next(r for r in sorted(setup.corpus) if r != rid and not r.endswith("36h"))
             _read_file(mounts.cutfs / "cuts" / f"{setup.cuts[other][0].cut_id}.wav")
             _read_file(mounts.cutfs / "cuts" / f"{setup.cuts[rid][-1].cut_id}.wav")
-            pids = _cutfs_pids(mounts.cutfs)
+            pids = daemon_pids(mounts.cutfs)
             spans = []
-            before = _io_read_bytes(pids)
+            before = read_bytes(pids)
             for cut in cuts:
                 _drop_caches()
                 _read_file(mounts.cutfs / "cuts" / f"{cut.cut_id}.wav")
@@ -663,7 +635,7 @@ def _bytes_per_cut(setup: Setup, mounts: Mounts) -> list[dict[str, Any]]:
                 after = recording.seek_index.first_point_after(end)
                 end_byte = after.byte_offset if after else len(shards.blob(index_of[rid]))
                 spans.append(end_byte - start_byte)
-            read = (_io_read_bytes(pids) - before) / len(cuts)
+            read = (read_bytes(pids) - before) / len(cuts)
             span = statistics.mean(spans)
             rows.append(
                 {
@@ -748,7 +720,7 @@ def _catalogue(setup: Setup, sizes: list[int]) -> list[dict[str, Any]]:
             f"ls {mountpoint}/cuts | wc -l", shell=True, check=True, capture_output=True, text=True
         ).stdout.strip()
         ls_seconds = time.perf_counter() - started
-        rss = _rss_mib(_cutfs_pids(mountpoint)[:1])
+        rss = _rss_mib(daemon_pids(mountpoint)[:1])
         _unmount(mountpoint)
         rows.append(
             {

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from processes import daemon_pids, pss_bytes, read_bytes
 
 from cutfs.codec.shard_format import CUTS_SCHEMA, MANIFEST_FILE
 from cutfs.codec.shard_writer import write_cut_catalogue
@@ -316,7 +317,7 @@ def _measure(directory: Path, mountpoint: Path, count: int) -> dict[str, Any]:
     os.stat(mountpoint / "cuts")
     mount_seconds = time.perf_counter() - started
     try:
-        pss_mounted = _pss(mountpoint)
+        pss_mounted = pss_bytes(daemon_pids(mountpoint))
         first_cut = _first_cut_bytes(directory, mountpoint, count)
         rng = random.Random(count)
         numbers = rng.sample(range(count), min(LOOKUPS, count))
@@ -353,9 +354,9 @@ def _measure(directory: Path, mountpoint: Path, count: int) -> dict[str, Any]:
             reads.append(time.perf_counter() - begun)
             assert len(data) == 44 + 2 * CUT_FRAMES
         first_megabyte, scp_seconds, lines = _read_wav_scp(mountpoint / "wav.scp")
-        pss_after = _pss(mountpoint)
+        pss_after = pss_bytes(daemon_pids(mountpoint))
         time.sleep(11)  # the daemon releases the catalogue pages it mapped every 10 s
-        pss_settled = _pss(mountpoint)
+        pss_settled = pss_bytes(daemon_pids(mountpoint))
     finally:
         subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
     lookups.sort()
@@ -441,27 +442,15 @@ def _first_cut_bytes(directory: Path, mountpoint: Path, count: int) -> dict[str,
         _, blob_start, blob_end = shards.blob_location(cut.recording_index)
         span = (after.byte_offset if after else blob_end - blob_start) - start
     cut_path(warm).read_bytes()
-    pids = _daemon_pids(mountpoint)
+    pids = daemon_pids(mountpoint)
     Path("/proc/sys/vm/drop_caches").write_text("1\n")
-    before = _read_bytes(pids)
+    before = read_bytes(pids)
     cut_path(target).read_bytes()
-    read = _read_bytes(pids) - before
+    read = read_bytes(pids) - before
     return {
         "first_cut_read_kib": round(read / 1024, 1),
         "first_cut_span_kib": round(span / 1024, 1),
     }
-
-
-def _read_bytes(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-                if line.startswith("read_bytes:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
 
 
 def _cache_catalogue(directory: Path) -> None:
@@ -482,44 +471,6 @@ def _read_wav_scp(path: Path) -> tuple[float, float, int]:
                 first_megabyte = time.perf_counter() - begun
             lines += chunk.count(b"\n")
     return first_megabyte, time.perf_counter() - begun, lines
-
-
-def _pss(mountpoint: Path) -> int:
-    """Proportional memory of the daemon serving ``mountpoint`` and its workers, in bytes."""
-    total = 0
-    for pid in _daemon_pids(mountpoint):
-        try:
-            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            if line.startswith("Pss:"):
-                total += int(line.split()[1]) * 1024
-    return total
-
-
-def _daemon_pids(mountpoint: Path) -> list[int]:
-    """The ``cutfs mount`` process of ``mountpoint`` and its children."""
-    daemons = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"mount" in command and str(mountpoint).encode() in command:
-            daemons.append(int(entry.name))
-    children = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) in daemons:
-                children.append(int(entry.name))
-    return daemons + children
 
 
 def _table(results: list[dict[str, Any]]) -> str:
