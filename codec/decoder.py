@@ -7,8 +7,9 @@ timestamp, and keeps only the wanted range.  The result equals the same range
 of a full sequential decode (bit-identical for PCM and FLAC; lossy codecs are
 checked against a sequential decode at pack time).
 
-The blob is any object supporting the buffer protocol, typically a zero-copy
-slice of a memory-mapped shard; only the bytes the demuxer asks for are read.
+The blob is a :class:`cutfs.codec.blob.Blob`, typically a range of a
+memory-mapped shard or of an object behind the piece cache; only the bytes the
+demuxer asks for are read, by bounded ranges.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import soundfile
 
+from cutfs.codec.blob import Blob
 from cutfs.codec.errors import CorruptDataError
 from cutfs.codec.pcm import Int16Array, float_to_s16, int_to_s16, packed_to_s16, sample_bytes
 from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording, pts_to_frames
@@ -65,7 +67,7 @@ class DecodeTrace:
 
 
 def decode_frames(
-    blob: memoryview, recording: Recording, first: int, end: int, trace: DecodeTrace | None = None
+    blob: Blob, recording: Recording, first: int, end: int, trace: DecodeTrace | None = None
 ) -> Int16Array:
     """Frames ``[first, end)`` of ``recording`` as int16 of shape (frames, channels).
 
@@ -135,7 +137,7 @@ def frame_to_s16(frame: Any) -> Int16Array:
 
 
 def _pcm_frames(
-    blob: memoryview, recording: Recording, first: int, end: int, trace: DecodeTrace
+    blob: Blob, recording: Recording, first: int, end: int, trace: DecodeTrace
 ) -> Int16Array:
     frame_bytes = sample_bytes(recording.pcm_format) * recording.channels
     start = recording.header_bytes + first * frame_bytes
@@ -146,7 +148,7 @@ def _pcm_frames(
             where=recording.recording_id,
         )
     started = time.perf_counter() if trace.profile else 0.0
-    flat = packed_to_s16(blob[start:stop], recording.pcm_format)
+    flat = packed_to_s16(blob.read(start, stop), recording.pcm_format)
     if trace.profile:
         trace.add_phase("convert", time.perf_counter() - started)
     trace.bytes_read += stop - start
@@ -155,7 +157,7 @@ def _pcm_frames(
 
 
 def _sndfile_frames(
-    blob: memoryview, recording: Recording, first: int, end: int, trace: DecodeTrace
+    blob: Blob, recording: Recording, first: int, end: int, trace: DecodeTrace
 ) -> Int16Array:
     mark = time.perf_counter() if trace.profile else 0.0
     reader = SpliceReader(blob, 0, 0)
@@ -177,7 +179,7 @@ def _sndfile_frames(
 
 
 def _decoded_frames(
-    blob: memoryview, recording: Recording, first: int, end: int, trace: DecodeTrace
+    blob: Blob, recording: Recording, first: int, end: int, trace: DecodeTrace
 ) -> Int16Array:
     profile = trace.profile
     mark = time.perf_counter() if profile else 0.0
@@ -280,7 +282,7 @@ def _frame_position(
     return pts_to_frames(pts, *scale) - recording.timeline_origin
 
 
-def _reader_at(blob: memoryview, recording: Recording, point: SeekPoint) -> SpliceReader:
+def _reader_at(blob: Blob, recording: Recording, point: SeekPoint) -> SpliceReader:
     if recording.method is DecodeMethod.SPLICE:
         return SpliceReader(blob, recording.header_bytes, point.byte_offset)
     return SpliceReader(blob, 0, 0)
@@ -290,15 +292,16 @@ class SpliceReader(io.RawIOBase):
     """A read-only file of ``blob[:header_bytes] + blob[resume_at:]``, without copying it.
 
     Demuxers get the container header they need to set up the stream, then
-    the bytes from a seek point, as if the file had been cut there.
+    the bytes from a seek point, as if the file had been cut there.  Every read
+    is a bounded range of the blob.
     """
 
-    def __init__(self, blob: memoryview, header_bytes: int, resume_at: int) -> None:
+    def __init__(self, blob: Blob, header_bytes: int, resume_at: int) -> None:
         super().__init__()
-        self._blob = memoryview(blob).cast("B")
+        self._blob = blob
         self._header_bytes = min(header_bytes, resume_at)
         self._resume_at = resume_at
-        self._size = self._header_bytes + len(self._blob) - resume_at
+        self._size = self._header_bytes + len(blob) - resume_at
         self._position = 0
         self.bytes_read = 0
         self.bytes_read_reported = 0
@@ -330,15 +333,20 @@ class SpliceReader(io.RawIOBase):
         target = memoryview(buffer).cast("B")
         count = 0
         while count < len(target) and self._position < self._size:
-            source = self._source_at(self._position)
-            chunk = min(len(source), len(target) - count)
-            target[count : count + chunk] = source[:chunk]
+            source = self._source_at(self._position, len(target) - count)
+            if not source:
+                break
+            chunk = len(source)
+            target[count : count + chunk] = source
             count += chunk
             self._position += chunk
         self.bytes_read += count
         return count
 
-    def _source_at(self, position: int) -> memoryview:
+    def _source_at(self, position: int, most: int) -> memoryview:
+        """At most ``most`` bytes from ``position`` of the spliced file, from one side of
+        the splice."""
         if position < self._header_bytes:
-            return self._blob[position : self._header_bytes]
-        return self._blob[self._resume_at + position - self._header_bytes :]
+            return self._blob.read(position, min(self._header_bytes, position + most))
+        at = self._resume_at + position - self._header_bytes
+        return self._blob.read(at, at + most)

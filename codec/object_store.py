@@ -1,9 +1,10 @@
 """Byte ranges of objects in S3-compatible object storage, each GET conditional on the
 version that was pinned.
 
-The first piece of serving shards from object storage (issue #11; not yet used by
-mounts).  Design notes and measurements: docs/object-storage-notes.md.  In short:
-``pyarrow.fs`` cannot make a read conditional, so this uses botocore directly.
+A :class:`cutfs.codec.byte_store.ByteStore`; mounts put a
+:class:`cutfs.codec.caching_store.CachingStore` in front of it.  Design notes and
+measurements: docs/object-storage-notes.md.  In short: ``pyarrow.fs`` cannot make
+a read conditional, so this uses botocore directly.
 
 * An object is *pinned* once (a HEAD: its size and ETag); every later read is a
   ranged GET with ``If-Match`` on that ETag, so an object replaced under a mount
@@ -85,6 +86,13 @@ class ObjectLocation:
     def key(self, name: str) -> str:
         return self.prefix + name
 
+    def uri(self) -> str:
+        """The location as a URI that :meth:`from_uri` reads back."""
+        query = f"?endpoint_url={self.endpoint_url}" if self.endpoint_url else ""
+        if self.region:
+            query += ("&" if query else "?") + f"region={self.region}"
+        return f"s3://{self.bucket}/{self.prefix}{query}"
+
 
 @dataclass
 class ObjectStoreCounters:
@@ -135,12 +143,16 @@ class ObjectStore:
         max_get_bytes: int = MAX_GET_BYTES,
         merge_gap_bytes: int = MERGE_GAP_BYTES,
         parallel_gets: int = 8,
+        pins: dict[str, PinnedObject] | None = None,
     ) -> None:
+        """``pins`` are versions pinned elsewhere (by the daemon, for its workers): reads of
+        those objects must match them, and need no HEAD."""
         import botocore.session  # noqa: PLC0415 - 0.2 s to import: only when a store is used
         from botocore.config import Config  # noqa: PLC0415
 
         self.location = location
-        self.counters = ObjectStoreCounters()
+        self.tally = ObjectStoreCounters()
+        self._parallel_gets = parallel_gets
         self._deadline_seconds = deadline_seconds
         self._max_get_bytes = max_get_bytes
         self._merge_gap_bytes = merge_gap_bytes
@@ -156,7 +168,7 @@ class ObjectStore:
         self._client: Any = session.create_client(
             "s3", endpoint_url=location.endpoint_url, region_name=location.region, config=config
         )
-        self._pins: dict[str, PinnedObject] = {}
+        self._pins: dict[str, PinnedObject] = dict(pins or {})
         self._pins_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=parallel_gets, thread_name_prefix="cutfs-get")
 
@@ -174,19 +186,56 @@ class ObjectStore:
         reply = self._call(
             name, "head_object", Bucket=self.location.bucket, Key=self.location.key(name)
         )
-        self.counters.add(heads=1)
+        self.tally.add(heads=1)
         pinned = PinnedObject(int(reply["ContentLength"]), str(reply["ETag"]))
         with self._pins_lock:
             return self._pins.setdefault(name, pinned)
 
+    def pins(self) -> dict[str, PinnedObject]:
+        """Every object pinned so far."""
+        with self._pins_lock:
+            return dict(self._pins)
+
     def size(self, name: str) -> int:
         return self.pin(name).size
 
-    def read(self, name: str, start: int, stop: int) -> bytes:
+    def version(self, name: str) -> str:
+        return self.pin(name).etag
+
+    def check_unchanged(self, name: str) -> None:
+        """Nothing to do ahead: every GET is conditional on the pinned ETag."""
+
+    def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> None:
+        """Nothing kept here: a :class:`CachingStore` in front keeps what it fetched."""
+
+    def counters(self) -> dict[str, int]:
+        return self.tally.as_dict()
+
+    def read(self, name: str, start: int, stop: int) -> memoryview:
         """Bytes ``[start, stop)`` of the pinned object, in GETs of at most ``max_get_bytes``."""
         return self.read_many(name, [(start, stop)])[0]
 
-    def read_many(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    def download(self, name: str, path: str) -> None:
+        """Write the whole pinned object to the file ``path``, a few parts at a time (memory
+        stays bounded by the parts in flight, whatever the object's size)."""
+        size = self.size(name)
+        window = self._max_get_bytes * self._parallel_gets
+        with open(path, "wb") as sink:
+            for start in range(0, size, window):
+                for part in self.read_many(name, [(start, min(start + window, size))]):
+                    sink.write(part)
+
+    def get_whole(self, name: str, limit_bytes: int) -> bytes:
+        """A small object's bytes (a manifest), refused when larger than ``limit_bytes``."""
+        size = self.size(name)
+        if size > limit_bytes:
+            raise ObjectStoreError(
+                f"{size} bytes is more than the {limit_bytes} this object may have",
+                where=self._where(name),
+            )
+        return bytes(self.read(name, 0, size))
+
+    def read_many(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
         """Each range's bytes, fetched with as few GETs as :meth:`plan` makes, at once.
 
         Raises :class:`ObjectStoreError` for a range outside the object.
@@ -202,7 +251,7 @@ class ObjectStore:
         begun = time.monotonic()
         fetched = list(self._pool.map(lambda span: self._get(name, pinned, span, begun), gets))
         pieces = dict(zip(gets, fetched, strict=True))
-        return [_cut_out(pieces, start, stop) for start, stop in ranges]
+        return [memoryview(_cut_out(pieces, start, stop)) for start, stop in ranges]
 
     def plan(self, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """The GETs that cover ``ranges``: merged where closer than ``merge_gap_bytes``, split
@@ -231,9 +280,9 @@ class ObjectStore:
             IfMatch=pinned.etag,
         )
         data: bytes = reply["Body"].read()
-        self.counters.add(gets=1, bytes_fetched=len(data))
+        self.tally.add(gets=1, bytes_fetched=len(data))
         if len(data) != stop - start:
-            self.counters.add(errors=1)
+            self.tally.add(errors=1)
             raise ObjectStoreError(
                 f"asked for {stop - start} bytes at {start}, got {len(data)}",
                 where=self._where(name),
@@ -255,7 +304,7 @@ class ObjectStore:
                 code = str(error.get("Code", ""))
                 status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
                 if code == "PreconditionFailed" or status == 412:
-                    self.counters.add(errors=1)
+                    self.tally.add(errors=1)
                     raise ObjectChangedError(
                         "the object changed since it was mounted: remount to serve the new one",
                         where=self._where(name),
@@ -264,10 +313,10 @@ class ObjectStore:
                 failure = f"{operation} failed: {code or status} {error.get('Message', '')}".strip()
             except BotoCoreError as exc:  # connection refused, timed out, ...
                 retryable, failure = True, f"{operation} failed: {exc}"
-            self.counters.add(errors=1)
+            self.tally.add(errors=1)
             if not retryable or time.monotonic() + pause - begun > self._deadline_seconds:
                 raise ObjectStoreError(failure, where=self._where(name))
-            self.counters.add(retries=1)
+            self.tally.add(retries=1)
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
 

@@ -25,6 +25,7 @@ from typing import Any, Final
 import av
 import numpy as np
 
+from cutfs.codec.blob import Blob
 from cutfs.codec.decoder import (
     SpliceReader,
     decode_frames,
@@ -361,7 +362,7 @@ def _seeks_match(blob: memoryview, recording: Recording, scan: _Scan) -> bool:
     tolerance = 0 if recording.codec_name in _LOSSLESS_CODECS else 1
     for start, expected in scan.check_windows.items():
         try:
-            actual = decode_frames(blob, recording, start, start + len(expected))
+            actual = decode_frames(Blob.of(blob), recording, start, start + len(expected))
         except CorruptDataError:
             return False
         difference = np.abs(actual.astype(np.int32) - expected.astype(np.int32))
@@ -416,4 +417,4 @@ def _thin_points(points: list[tuple[int, int]], interval: int) -> tuple[list[int
 
 
 def _reader(blob: memoryview) -> io.BufferedReader:
-    return io.BufferedReader(SpliceReader(blob, 0, 0), buffer_size=1 << 16)
+    return io.BufferedReader(SpliceReader(Blob.of(blob), 0, 0), buffer_size=1 << 16)

@@ -15,6 +15,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from cutfs.codec.blob import Blob
+from cutfs.codec.byte_store import ByteStore
 from cutfs.codec.catalogue_copy import catalogue_directory
 from cutfs.codec.cut import Cut
 from cutfs.codec.cut_table import CutTable
@@ -23,6 +25,7 @@ from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import TREE_FILES, FileTree, served_paths, write_file_tree
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
 from cutfs.codec.library import AudioShape
+from cutfs.codec.local_store import LocalStore, file_stamp
 from cutfs.codec.mapped_table import int_view, read_mapped
 from cutfs.codec.pcm import Int16Array, sample_bytes
 from cutfs.codec.recording import DecodeMethod, Recording
@@ -37,7 +40,6 @@ from cutfs.codec.shard_format import (
     RECORDINGS_FILE,
     RECORDINGS_TREE,
 )
-from cutfs.codec.storage import LocalStorage, Storage, file_stamp
 
 
 class ShardSet:
@@ -55,22 +57,29 @@ class ShardSet:
     def __init__(
         self,
         directory: str,
-        storage: Storage | None = None,
+        store: ByteStore | None = None,
         *,
         load_cuts: bool = True,
         cache_root: str | None = None,
+        catalogue: str | None = None,
     ) -> None:
         """Open a shard directory; ``load_cuts=False`` skips the cuts table (decoding only).
 
-        With ``cache_root``, a catalogue on network storage is mapped from a local copy
-        (:mod:`cutfs.codec.catalogue_copy`).
+        ``store`` holds the shard files (default: the files of ``directory``).  The
+        manifest and tables are read from ``catalogue`` when given (the local copy of a
+        remote directory's, :mod:`cutfs.codec.remote_shards`); otherwise from the
+        directory, or with ``cache_root`` from a local copy when the directory is on
+        network storage (:mod:`cutfs.codec.catalogue_copy`).
         """
         self.directory = directory
-        self.storage: Storage = storage or LocalStorage(directory)
-        self.manifest = _read_manifest(directory)
+        self.store: ByteStore = store or LocalStore(directory)
+        self.manifest = _read_manifest(catalogue or directory)
         self.version = int(self.manifest["version"])
         self._shard_names = [str(shard["file"]) for shard in self.manifest["shards"]]
-        tables = catalogue_directory(directory, cache_root) if load_cuts else directory
+        if catalogue is not None:
+            tables = catalogue
+        else:
+            tables = catalogue_directory(directory, cache_root) if load_cuts else directory
         self._tables = tables
         self._recordings = RecordingTable(
             read_mapped(os.path.join(tables, RECORDINGS_FILE)),
@@ -93,12 +102,12 @@ class ShardSet:
             self.kaldi_order()
         self._readers: dict[int, tuple[memoryview, Any]] = {}
         self._blobs: dict[int, tuple[int, int, int]] = {}
-        self._shard_stamps = [file_stamp(os.path.join(directory, n)) for n in self._shard_names]
-        self.identity = _identity(directory, self._shard_stamps)
+        versions = [self._shard_version(name) for name in self._shard_names]
+        self.identity = _identity(catalogue or directory, versions)
 
     def close(self) -> None:
         self._readers.clear()
-        self.storage.close()
+        self.store.close()
 
     def __enter__(self) -> ShardSet:
         return self
@@ -230,10 +239,10 @@ class ShardSet:
         """The recording channels a cut carries; empty for all of them."""
         return self._cut_table().channels(index)
 
-    def blob(self, recording_index: int) -> memoryview:
-        """The stored bytes of a recording, as a view of the mapped shard (no copy)."""
+    def blob(self, recording_index: int) -> Blob:
+        """The stored bytes of a recording: a range of its shard in the store."""
         shard, start, end = self._place(recording_index)
-        return self._shard_view(shard)[start:end]
+        return Blob(self.store, self._shard_names[shard], start, end)
 
     def blob_location(self, recording_index: int) -> tuple[str, int, int]:
         """Where a recording's bytes are: the shard file name and the byte range in it."""
@@ -259,49 +268,33 @@ class ShardSet:
         """Frames ``[first, end)`` of the full decode of a recording."""
         recording = self.recording(recording_index)
         self._check_unchanged(recording_index)
-        self._prefetch(recording_index, recording, first, end)
+        started = time.perf_counter()
+        blob = self.blob(recording_index)
+        blob.prefetch(_decode_spans(recording, len(blob), first, end))
         if trace is not None and trace.profile:
-            started = time.perf_counter()
-            blob = self.blob(recording_index)
-            trace.add_phase("shard_slice", time.perf_counter() - started)
-        else:
-            blob = self.blob(recording_index)
+            trace.add_phase("fetch", time.perf_counter() - started)
         return decode_frames(blob, recording, first, end, trace)
 
-    def _prefetch(self, recording_index: int, recording: Recording, first: int, end: int) -> None:
-        """Ask storage for the bytes a decode of ``[first, end)`` will read, in one request.
-
-        The maps are advised MADV_RANDOM (no read-ahead on a fault), so without
-        this every 4 KiB page of the span would be a separate synchronous read.
-        """
-        name, start, stop = self.blob_location(recording_index)
-        if recording.method is DecodeMethod.PCM:
-            frame_bytes = sample_bytes(recording.pcm_format) * recording.channels
-            span_start = recording.header_bytes + first * frame_bytes
-            span_end = recording.header_bytes + end * frame_bytes
-        else:
-            index = recording.seek_index
-            span_start = index.point_at_or_before(first - recording.preroll_frames).byte_offset
-            after = index.first_point_after(end)
-            span_end = after.byte_offset if after is not None else stop - start
-            self.storage.prefetch(name, start, recording.header_bytes)
-        self.storage.prefetch(name, start + span_start, span_end - span_start)
-
     def _check_unchanged(self, recording_index: int) -> None:
-        """Refuse to decode from a shard file that changed since the directory was opened.
-
-        One ``stat`` per decode: a shard rewritten or replaced under a live
-        mount would otherwise serve other audio under the old names.
-        """
+        """Refuse to decode from a shard that changed since the directory was opened (for
+        local files one ``stat`` per decode; remote reads are conditional anyway): a shard
+        rewritten or replaced under a live mount would otherwise serve other audio."""
         self._recordings.check_row(recording_index)
-        shard = int(self._recordings.shards[recording_index])
-        name = self._shard_names[shard]
-        if file_stamp(os.path.join(self.directory, name)) != self._shard_stamps[shard]:
+        name = self._shard_names[int(self._recordings.shards[recording_index])]
+        try:
+            self.store.check_unchanged(name)
+        except ShardFormatError as exc:
             raise ShardFormatError(
                 "the shard changed since the directory was mounted (rewritten or replaced?): "
                 "remount to serve the new one",
                 where=f"{name}, recording {self._recordings.ids[recording_index]}",
-            )
+            ) from exc
+
+    def _shard_version(self, name: str) -> str:
+        try:
+            return self.store.version(name)
+        except (ShardFormatError, OSError):
+            return "missing"  # reads of it fail, one by one, with the reason
 
     def _locate_blob(self, recording_index: int) -> tuple[int, int, int]:
         """Where the recordings table says the blob is (format 2), or where the shard's Arrow
@@ -311,12 +304,12 @@ class ShardSet:
         shard = int(table.shards[recording_index])
         stored = int(table.stored_bytes[recording_index])
         where = f"{self._shard_names[shard]}, recording {table.ids[recording_index]}"
-        view = self._shard_view(shard)
+        shard_bytes = self._shard_size(shard)
         if table.blob_offsets is not None:
             start = int(table.blob_offsets[recording_index])
         else:
             start = self._locate_in_batch(shard, int(table.batches[recording_index]), stored, where)
-        if start < 0 or start + stored > len(view):
+        if start < 0 or start + stored > shard_bytes:
             raise ShardFormatError("the blob is not where the recordings table says", where=where)
         return shard, start, start + stored
 
@@ -334,12 +327,17 @@ class ShardSet:
             raise ShardFormatError("the blob is not where the recordings table says", where=where)
         return int(values.address - pa.py_buffer(view).address + start)
 
-    def _shard_view(self, number: int) -> memoryview:
+    def _shard_size(self, number: int) -> int:
         name = self._shard_names[number]
         try:
-            return self.storage.open_shard(name)
+            return self.store.size(name)
         except (OSError, ValueError) as exc:
             raise ShardFormatError(f"cannot open shard: {exc}", where=name) from exc
+
+    def _shard_view(self, number: int) -> memoryview:
+        """The whole shard (format 1 only, whose blobs are found through the Arrow file;
+        a local store maps it, so this copies nothing)."""
+        return self.store.read(self._shard_names[number], 0, self._shard_size(number))
 
     def _shard(self, number: int) -> tuple[memoryview, Any]:
         """A format-1 shard's view and Arrow reader (for locating blobs)."""
@@ -373,7 +371,31 @@ def _built_catalogue(
         return FileTree(cuts), FileTree(recordings), KaldiOrder(order, len(cut_ids))
 
 
-def _identity(directory: str, shard_stamps: list[tuple[int, int, int]]) -> str:
+def _decode_spans(
+    recording: Recording, blob_bytes: int, first: int, end: int
+) -> list[tuple[int, int]]:
+    """The byte ranges of a blob that decoding frames ``[first, end)`` reads: the header and
+    the span from the seek point before ``first`` (minus pre-roll) to the one after ``end``.
+
+    Asked for in one request: the maps are advised MADV_RANDOM (no read-ahead on
+    a fault) and a remote store pays a round trip per request.
+    """
+    if recording.method is DecodeMethod.PCM:
+        frame_bytes = sample_bytes(recording.pcm_format) * recording.channels
+        return [
+            (
+                recording.header_bytes + first * frame_bytes,
+                recording.header_bytes + end * frame_bytes,
+            )
+        ]
+    index = recording.seek_index
+    span_start = index.point_at_or_before(first - recording.preroll_frames).byte_offset
+    after = index.first_point_after(end)
+    span_end = after.byte_offset if after is not None else blob_bytes
+    return [(0, recording.header_bytes), (span_start, span_end)]
+
+
+def _identity(directory: str, shard_versions: list[str]) -> str:
     """What the directory held when it was opened: its manifest, tables and shard files."""
     digest = hashlib.sha256()
     with contextlib.suppress(OSError), open(os.path.join(directory, MANIFEST_FILE), "rb") as file:
@@ -382,7 +404,7 @@ def _identity(directory: str, shard_stamps: list[tuple[int, int, int]]) -> str:
     tables += [f"{tree}{suffix}" for tree in (CUTS_TREE, RECORDINGS_TREE) for suffix in TREE_FILES]
     for name in tables:
         digest.update(repr(file_stamp(os.path.join(directory, name))).encode())
-    digest.update(repr(shard_stamps).encode())
+    digest.update(repr(shard_versions).encode())
     return digest.hexdigest()
 
 

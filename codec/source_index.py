@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from cachetools import LRUCache
 
+from cutfs.codec.blob import Blob
 from cutfs.codec.command_runner import run_command
 from cutfs.codec.cut import Cut, seconds_to_frames
 from cutfs.codec.cut_table import CutTable, mentions_of
@@ -60,6 +61,7 @@ from cutfs.codec.limits import (
     MAX_RECORDING_SECONDS,
     MAX_SAMPLE_RATE_HZ,
 )
+from cutfs.codec.local_store import LocalStore, file_stamp
 from cutfs.codec.mapped_table import float_view, read_mapped
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.private_directory import private_directory
@@ -78,7 +80,6 @@ from cutfs.codec.source_policy import SourcePolicy, check_may_run_commands_here
 from cutfs.codec.sources import Refusals, SourceCatalogue, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 from cutfs.codec.sources.audio_dir import AUDIO_EXTENSIONS
-from cutfs.codec.storage import LocalStorage, Storage, file_stamp
 
 INDEX_FILE: Final = "source-index.json"
 INDEX_FORMAT: Final = "cutfs-source-index"
@@ -284,7 +285,7 @@ class SourceIndex:
     def __init__(
         self,
         directory: str,
-        storage: Storage | None = None,
+        store: LocalStore | None = None,
         *,
         load_cuts: bool = True,
         policy: SourcePolicy | None = None,
@@ -302,7 +303,7 @@ class SourceIndex:
         source = str(info.get("source"))
         self.policy = (policy or SourcePolicy.for_source(source)).with_root(directory)
         self._tolerance_seconds = duration_tolerance_seconds()
-        self.storage: Storage = storage or LocalStorage("/", opener=self.policy.open_file)
+        self.store = store or LocalStore("/", opener=self.policy.open_file)
         recordings = read_table(os.path.join(directory, _RECORDINGS))
         self._recording_ids: list[str] = recordings.column("recording_id").to_pylist()
         self._paths: list[str | None] = recordings.column("path").to_pylist()
@@ -369,7 +370,7 @@ class SourceIndex:
             )
 
     def close(self) -> None:
-        self.storage.close()
+        self.store.close()
 
     def __enter__(self) -> SourceIndex:
         return self
@@ -630,8 +631,8 @@ class SourceIndex:
         path, offset, length = self._source_bytes(recording_index, key)
         with tempfile.TemporaryDirectory(dir=plans) as workdir:
             try:
-                blob = self.storage.open_shard(path)[offset : offset + length]
-            except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
+                blob = self.store.read(path, offset, offset + length)
+            except CutfsError as exc:
                 raise SourceError(
                     f"cannot read the audio: {exc}", where=self._where(recording_index)
                 ) from exc
@@ -747,8 +748,7 @@ class SourceIndex:
                 "for the index to be rebuilt) to serve the new audio",
                 where=self._where(recording_index),
             )
-        blob = self.storage.open_shard(path)[start:stop]
-        return decode_frames(blob, plan, first, end, trace)
+        return decode_frames(Blob(self.store, path, start, stop), plan, first, end, trace)
 
 
 def _stamp(source: str) -> str:

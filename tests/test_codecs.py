@@ -76,9 +76,10 @@ def test_blobs_are_stored_unchanged_unless_transcoded(
             original_bytes = original.read()
         if recording.transcoded_from:
             assert recording.codec_name == "flac"
-            assert bytes(shards.blob(index)[:4]) == b"fLaC"
+            assert bytes(shards.blob(index).read(0, 4)) == b"fLaC"
         else:
-            assert bytes(shards.blob(index)) == original_bytes
+            blob = shards.blob(index)
+            assert bytes(blob.read(0, len(blob))) == original_bytes
 
 
 def test_noise_substitution_aac_is_transcoded_and_others_are_kept(shards: ShardSet) -> None:

@@ -13,6 +13,7 @@ from corpus import synthesize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cutfs.codec.blob import Blob
 from cutfs.codec.decoder import decode_frames
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.recording import Recording
@@ -59,7 +60,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[bytes, Re
 
 def _decode_or_fail_cleanly(blob: bytes, recording: Recording, first: int, end: int) -> None:
     try:
-        frames = decode_frames(memoryview(blob), recording, first, end)
+        frames = decode_frames(Blob.of(blob), recording, first, end)
     except CutfsError:
         return
     assert frames.shape == (end - first, recording.channels)

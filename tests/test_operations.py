@@ -302,7 +302,7 @@ def test_the_profiler_times_each_phase_only_when_asked(shard_dir: str) -> None:
         phases = set(statistics.latencies)
         if profile:
             assert {
-                "phase.shard_slice",
+                "phase.fetch",
                 "phase.open",
                 "phase.decode",
                 "phase.convert",
