@@ -20,6 +20,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from typing import Final
 
 from cutfs.codec.errors import SourceError
@@ -75,9 +76,25 @@ def catalogue_directory(shard_dir: str, cache_root: str | None) -> str:
         digest.update(manifest.read())
     for name in present:
         digest.update(f"{name}\0{file_stamp(os.path.join(shard_dir, name))}\0".encode())
+
+    def fill(staging: str) -> None:
+        for name in present:
+            shutil.copyfile(os.path.join(shard_dir, name), os.path.join(staging, name))
+            os.chmod(os.path.join(staging, name), 0o600)
+
+    return cached_catalogue(cache_root, digest.hexdigest(), fill)
+
+
+def cached_catalogue(cache_root: str, digest: str, fill: Callable[[str], None]) -> str:
+    """``<cache_root>/catalogues/<digest>``, made if missing by ``fill`` writing the files
+    into a private staging directory that is then renamed into place (so a copy is
+    complete or absent).  The cache directories must be private to this user (a copy
+    planted by someone else must not be mapped).  Raises :class:`SourceError` when the
+    copy cannot be made (``fill`` may raise its own :class:`CutfsError`).
+    """
     parent = os.path.join(cache_root, "catalogues")
-    copy = os.path.join(parent, digest.hexdigest()[:32])
-    private_directory(cache_root)  # a copy planted by someone else must not be mapped
+    copy = os.path.join(parent, digest[:32])
+    private_directory(cache_root)
     private_directory(parent)
     if os.path.isdir(copy):
         private_directory(copy)
@@ -85,9 +102,7 @@ def catalogue_directory(shard_dir: str, cache_root: str | None) -> str:
     try:
         staging = tempfile.mkdtemp(prefix=".partial-", dir=parent)
         try:
-            for name in present:
-                shutil.copyfile(os.path.join(shard_dir, name), os.path.join(staging, name))
-                os.chmod(os.path.join(staging, name), 0o600)
+            fill(staging)
             os.rename(staging, copy)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

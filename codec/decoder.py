@@ -284,7 +284,7 @@ def _frame_position(
 
 def _reader_at(blob: Blob, recording: Recording, point: SeekPoint) -> SpliceReader:
     if recording.method is DecodeMethod.SPLICE:
-        return SpliceReader(blob, recording.header_bytes, point.byte_offset)
+        return SpliceReader(blob, recording.header_bytes, point.byte_offset, seekable=False)
     return SpliceReader(blob, 0, 0)
 
 
@@ -296,9 +296,14 @@ class SpliceReader(io.RawIOBase):
     is a bounded range of the blob.
     """
 
-    def __init__(self, blob: Blob, header_bytes: int, resume_at: int) -> None:
+    def __init__(
+        self, blob: Blob, header_bytes: int, resume_at: int, *, seekable: bool = True
+    ) -> None:
+        """A reader that is not ``seekable`` keeps demuxers from probing the end of the file
+        (duration, trailing tags): a round trip to remote storage, for nothing."""
         super().__init__()
         self._blob = blob
+        self._seekable = seekable
         self._header_bytes = min(header_bytes, resume_at)
         self._resume_at = resume_at
         self._size = self._header_bytes + len(blob) - resume_at
@@ -310,7 +315,7 @@ class SpliceReader(io.RawIOBase):
         return True
 
     def seekable(self) -> bool:
-        return True
+        return self._seekable
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         if whence == io.SEEK_SET:

@@ -35,11 +35,39 @@ class AudioShape:
     num_frames: int
 
 
+class LibrarySpec(Protocol):
+    """A picklable description from which another process (a decoder worker) opens the
+    same library, for decoding only (no cuts table)."""
+
+    @property
+    def where(self) -> str:
+        """The library's location, for messages."""
+        ...
+
+    def open(self, policy: SourcePolicy | None) -> Library:
+        """Open the library; ``policy`` is what a source served in place was prepared with."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LocalLibrary:
+    """A shard directory or a source index directory on a file system."""
+
+    directory: str
+
+    @property
+    def where(self) -> str:
+        return self.directory
+
+    def open(self, policy: SourcePolicy | None) -> Library:
+        return open_library(self.directory, policy)
+
+
 class Library(Protocol):
     """Recordings and cuts the filesystem serves; see the module docstring."""
 
-    #: What a decoder process passes to :func:`open_library` to open the same library.
-    directory: str
+    #: How a decoder process opens the same library.
+    spec: LibrarySpec
     #: A digest of what the library held when opened; a process that opens the
     #: directory later and finds another identity must not serve from it.
     identity: str
@@ -111,6 +139,10 @@ class Library(Protocol):
         self, recording_index: int, first: int, end: int, trace: DecodeTrace | None = None
     ) -> Int16Array:
         """Frames ``[first, end)`` of a recording; fewer only where the audio ends early."""
+        ...
+
+    def counters(self) -> dict[str, int]:
+        """Running totals of the work of the store the library reads (requests, bytes, hits)."""
         ...
 
     def close(self) -> None: ...

@@ -42,6 +42,7 @@ class LocalStore:
         self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
         self._stamps: dict[str, tuple[int, int, int]] = {}
         self._reads = 0
+        self._requests = 0
 
     def path(self, name: str) -> str:
         return os.path.join(self._directory, name)
@@ -71,10 +72,13 @@ class LocalStore:
                 f"range [{start}, {stop}) is outside the file's {len(mapped)} bytes", where=name
             )
         self._reads += 1
+        self._requests += 1
         return memoryview(mapped)[start:stop]
 
     def read_many(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
-        return [self.read(name, start, stop) for start, stop in ranges]
+        views = [self.read(name, start, stop) for start, stop in ranges]
+        self._requests += 1 - len(ranges)
+        return views
 
     def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> None:
         mapped = self._map(name)
@@ -87,7 +91,8 @@ class LocalStore:
                 mapped.madvise(mmap.MADV_WILLNEED, start, length)
 
     def counters(self) -> dict[str, int]:
-        return {"reads": self._reads}
+        """``reads``: ranges read; ``requests``: calls (a :meth:`read_many` is one)."""
+        return {"reads": self._reads, "requests": self._requests}
 
     def close(self) -> None:
         for mapped in self._maps.values():

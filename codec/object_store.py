@@ -25,6 +25,8 @@ and from the URI's query: ``s3://bucket/prefix?endpoint_override=host:port&schem
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -100,6 +102,7 @@ class ObjectStoreCounters:
 
     gets: int = 0
     heads: int = 0
+    puts: int = 0
     bytes_fetched: int = 0
     retries: int = 0
     errors: int = 0
@@ -114,6 +117,7 @@ class ObjectStoreCounters:
         return {
             "gets": self.gets,
             "heads": self.heads,
+            "puts": self.puts,
             "bytes_fetched": self.bytes_fetched,
             "retries": self.retries,
             "errors": self.errors,
@@ -159,7 +163,7 @@ class ObjectStore:
         config = Config(
             signature_version="s3v4",
             max_pool_connections=max(parallel_gets, 4) * 2,
-            retries={"max_attempts": 1, "mode": "standard"},  # retried here, under a deadline
+            retries={"total_max_attempts": 1, "mode": "standard"},  # retried here, under a deadline
             connect_timeout=min(deadline_seconds, 10.0),
             read_timeout=min(deadline_seconds, 30.0),
             s3={"addressing_style": "path"} if location.endpoint_url else {},
@@ -224,6 +228,73 @@ class ObjectStore:
             for start in range(0, size, window):
                 for part in self.read_many(name, [(start, min(start + window, size))]):
                     sink.write(part)
+
+    def exists(self, name: str) -> bool:
+        """Whether an object is there (a HEAD; not pinned)."""
+        from botocore.exceptions import ClientError  # noqa: PLC0415
+
+        try:
+            self._client.head_object(Bucket=self.location.bucket, Key=self.location.key(name))
+        except ClientError as exc:
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+            if status == 404:
+                return False
+            raise ObjectStoreError(f"head_object failed: {exc}", where=self._where(name)) from exc
+        return True
+
+    def put(self, name: str, path: str) -> str:
+        """Upload the file ``path`` as object ``name``; returns its ETag.  Files larger than
+        ``max_get_bytes`` go up in parts of that size, a few at once (a multipart upload,
+        aborted if a part fails), so memory stays bounded by the parts in flight."""
+        size = os.path.getsize(path)
+        key = self.location.key(name)
+        if size <= self._max_get_bytes:
+            with open(path, "rb") as file:
+                body = file.read()
+            reply = self._call(name, "put_object", Bucket=self.location.bucket, Key=key, Body=body)
+            self.tally.add(puts=1)
+            return str(reply["ETag"])
+        upload = self._call(name, "create_multipart_upload", Bucket=self.location.bucket, Key=key)[
+            "UploadId"
+        ]
+        try:
+            parts = list(
+                self._pool.map(
+                    lambda number: self._put_part(name, path, upload, number),
+                    range(1, -(-size // self._max_get_bytes) + 1),
+                )
+            )
+            reply = self._call(
+                name,
+                "complete_multipart_upload",
+                Bucket=self.location.bucket,
+                Key=key,
+                UploadId=upload,
+                MultipartUpload={"Parts": parts},
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._client.abort_multipart_upload(
+                    Bucket=self.location.bucket, Key=key, UploadId=upload
+                )
+            raise
+        return str(reply["ETag"])
+
+    def _put_part(self, name: str, path: str, upload: str, number: int) -> dict[str, Any]:
+        with open(path, "rb") as file:
+            file.seek((number - 1) * self._max_get_bytes)
+            body = file.read(self._max_get_bytes)
+        reply = self._call(
+            name,
+            "upload_part",
+            Bucket=self.location.bucket,
+            Key=self.location.key(name),
+            UploadId=upload,
+            PartNumber=number,
+            Body=body,
+        )
+        self.tally.add(puts=1)
+        return {"PartNumber": number, "ETag": reply["ETag"]}
 
     def get_whole(self, name: str, limit_bytes: int) -> bytes:
         """A small object's bytes (a manifest), refused when larger than ``limit_bytes``."""

@@ -9,7 +9,7 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +24,7 @@ from cutfs.codec.decoder import DecodeTrace, decode_frames
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import TREE_FILES, FileTree, served_paths, write_file_tree
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
-from cutfs.codec.library import AudioShape
+from cutfs.codec.library import AudioShape, LibrarySpec, LocalLibrary
 from cutfs.codec.local_store import LocalStore, file_stamp
 from cutfs.codec.mapped_table import int_view, read_mapped
 from cutfs.codec.pcm import Int16Array, sample_bytes
@@ -62,6 +62,7 @@ class ShardSet:
         load_cuts: bool = True,
         cache_root: str | None = None,
         catalogue: str | None = None,
+        spec: LibrarySpec | None = None,
     ) -> None:
         """Open a shard directory; ``load_cuts=False`` skips the cuts table (decoding only).
 
@@ -69,9 +70,11 @@ class ShardSet:
         manifest and tables are read from ``catalogue`` when given (the local copy of a
         remote directory's, :mod:`cutfs.codec.remote_shards`); otherwise from the
         directory, or with ``cache_root`` from a local copy when the directory is on
-        network storage (:mod:`cutfs.codec.catalogue_copy`).
+        network storage (:mod:`cutfs.codec.catalogue_copy`).  ``spec`` is how a worker
+        opens the same shards (default: this directory).
         """
         self.directory = directory
+        self.spec: LibrarySpec = spec or LocalLibrary(os.path.abspath(directory))
         self.store: ByteStore = store or LocalStore(directory)
         self.manifest = _read_manifest(catalogue or directory)
         self.version = int(self.manifest["version"])
@@ -164,9 +167,12 @@ class ShardSet:
         assert self._order is not None
         return self._order
 
+    def counters(self) -> dict[str, int]:
+        return self.store.counters()
+
     def describe(self) -> dict[str, Any]:
         return {
-            "directory": os.path.abspath(self.directory),
+            "directory": self.spec.where,
             "format_version": self.version,
             "recordings": len(self._recordings),
             "cuts": self.num_cuts,
@@ -371,6 +377,12 @@ def _built_catalogue(
         return FileTree(cuts), FileTree(recordings), KaldiOrder(order, len(cut_ids))
 
 
+#: How far past the last packet it needs a demuxer reads: its I/O buffer (32 KiB in
+#: PyAV) and the packets that fill the decoder's delay.  Prefetched with the span, so
+#: that it is not a second request.
+DEMUXER_OVERREAD_BYTES: Final = 64 << 10
+
+
 def _decode_spans(
     recording: Recording, blob_bytes: int, first: int, end: int
 ) -> list[tuple[int, int]]:
@@ -392,6 +404,7 @@ def _decode_spans(
     span_start = index.point_at_or_before(first - recording.preroll_frames).byte_offset
     after = index.first_point_after(end)
     span_end = after.byte_offset if after is not None else blob_bytes
+    span_end = min(span_end + DEMUXER_OVERREAD_BYTES, blob_bytes)
     return [(0, recording.header_bytes), (span_start, span_end)]
 
 

@@ -54,7 +54,7 @@ from cutfs.codec.decoder import DecodeTrace, decode_frames
 from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
 from cutfs.codec.file_tree import FileTree, served_paths, write_file_tree
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
-from cutfs.codec.library import AudioShape
+from cutfs.codec.library import AudioShape, LibrarySpec, LocalLibrary
 from cutfs.codec.limits import (
     MAX_CHANNELS,
     MAX_FRAMES,
@@ -296,6 +296,7 @@ class SourceIndex:
         source's own location, no commands); files are opened through it.
         """
         self.directory = directory
+        self.spec: LibrarySpec = LocalLibrary(directory)
         info = _read_index_file(directory)
         if info is None or info.get("version") != INDEX_VERSION:
             raise ShardFormatError("not a current cutfs source index", where=directory)
@@ -368,6 +369,9 @@ class SourceIndex:
                 "the catalogue holds numbers out of range (not written by cutfs?)",
                 where=self.directory,
             )
+
+    def counters(self) -> dict[str, int]:
+        return self.store.counters()
 
     def close(self) -> None:
         self.store.close()

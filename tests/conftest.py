@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -258,6 +261,64 @@ def _daemon_pids(mountpoint: str) -> list[int]:
         check=False,
     )
     return [int(pid) for pid in result.stdout.split()]
+
+
+@dataclass
+class S3Server:
+    """moto's S3 server in a process of its own (so that a test can stop it), on loopback."""
+
+    endpoint: str
+    process: subprocess.Popen[bytes]
+
+    def uri(self, bucket: str, prefix: str) -> str:
+        host = self.endpoint.removeprefix("http://")
+        return f"s3://{bucket}/{prefix}?endpoint_override={host}&scheme=http"
+
+    def client(self) -> Any:
+        import botocore.session  # noqa: PLC0415 - only the object-storage tests need it
+
+        return botocore.session.get_session().create_client("s3", endpoint_url=self.endpoint)
+
+    def upload(self, directory: str, bucket: str, prefix: str) -> None:
+        client = self.client()
+        try:
+            with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+                client.create_bucket(Bucket=bucket)
+            for name in sorted(os.listdir(directory)):
+                with open(os.path.join(directory, name), "rb") as file:
+                    client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=file.read())
+        finally:
+            client.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    pytest.importorskip("moto.server")
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "test")  # the daemons inherit them
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            pytest.fail("moto's S3 server did not start")
+        time.sleep(0.1)
+    try:
+        yield S3Server(f"http://127.0.0.1:{port}", process)
+    finally:
+        process.kill()
+        process.wait()
 
 
 @contextmanager

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NoReturn
@@ -19,10 +20,13 @@ from typing import Any, ClassVar, NoReturn
 from tqdm import tqdm
 
 from cutfs import __version__
+from cutfs.codec.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.packer import PackProgress, pack
+from cutfs.codec.remote_shards import is_remote
+from cutfs.codec.shard_upload import upload_shards
 from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
@@ -96,7 +100,9 @@ def _parser() -> argparse.ArgumentParser:
         "--output",
         required=True,
         metavar="SHARD_DIR",
-        help="the shard directory to create (must not exist or be empty)",
+        help="the shard directory to create (must not exist or be empty), or s3://bucket/prefix "
+        "(packed in a scratch directory under $TMPDIR, then uploaded, manifest last; the "
+        "prefix must hold no manifest yet)",
     )
     pack_parser.add_argument(
         "-j",
@@ -119,16 +125,20 @@ def _parser() -> argparse.ArgumentParser:
         "mount",
         help="mount a shard directory, or serve a source in place",
         description="Mount read-only; returns once the mount is ready. SOURCE is a shard "
-        "directory (from 'cutfs pack') or, served in place without packing: Lhotse "
-        "manifests, a Lhotse Shar directory, a Kaldi data directory, a HuggingFace dataset "
-        "(save_to_disk or Parquet), WebDataset tars, Arrow shards with a segment list, or a "
-        "directory of audio files. Also runs as 'cutfs SOURCE MOUNTPOINT -o OPTIONS', the "
-        "form mount(8) uses for fstab entries of type fuse.cutfs.",
+        "directory (from 'cutfs pack'; local, or in object storage as s3://bucket/prefix, "
+        "with ?endpoint_override=HOST:PORT&scheme=http for S3-compatible servers and "
+        "credentials from the standard AWS environment and files) or, served in place "
+        "without packing: Lhotse manifests, a Lhotse Shar directory, a Kaldi data "
+        "directory, a HuggingFace dataset (save_to_disk or Parquet), WebDataset tars, "
+        "Arrow shards with a segment list, or a directory of audio files. Also runs as "
+        "'cutfs SOURCE MOUNTPOINT -o OPTIONS', the form mount(8) uses for fstab entries of "
+        "type fuse.cutfs.",
     )
     mount_parser.add_argument(
         "shard_dir",
         metavar="SOURCE",
-        help="a shard directory from 'cutfs pack', or a source to serve in place",
+        help="a shard directory from 'cutfs pack' (a path or s3://bucket/prefix), or a source "
+        "to serve in place",
     )
     mount_parser.add_argument(
         "mountpoint", metavar="MOUNTPOINT", help="an existing, empty directory to mount on"
@@ -149,6 +159,14 @@ def _parser() -> argparse.ArgumentParser:
         help="where indexes of sources served in place are kept, so that the next mount "
         "starts at once (default: $CUTFS_CACHE_DIR, else /var/cache/cutfs for root, "
         "~/.cache/cutfs for others)",
+    )
+    mount_parser.add_argument(
+        "--disk-cache-size",
+        type=_size,
+        default=DEFAULT_DISK_BYTES,
+        metavar="BYTES",
+        help="for shards in object storage: the most fetched pieces kept on disk below "
+        "--cache-dir, shared by the mount's workers and later mounts (default 20G)",
     )
     mount_parser.add_argument(
         "--sample-rate",
@@ -325,14 +343,20 @@ def _pack(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="cutfs: %(message)s")
     progress = None if args.quiet else _Progress()
     started = time.monotonic()
+    remote = is_remote(args.output)
+    scratch = tempfile.mkdtemp(prefix="cutfs-pack-") if remote else None
     try:
         report = pack(
             args.sources,
-            args.output,
+            os.path.join(scratch, "shards") if scratch else args.output,
             jobs=max(args.jobs, 1),
             max_shard_bytes=args.shard_size,
             on_progress=progress.update if progress else None,
         )
+        if scratch:
+            print(f"uploading to {args.output}", file=sys.stderr)
+            upload_shards(report.output_dir, args.output)
+            report.output_dir = args.output
     except CutfsError as exc:
         if progress:
             progress.finish()
@@ -341,6 +365,9 @@ def _pack(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("cutfs pack: interrupted; nothing was written", file=sys.stderr)
         return 130
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     if progress:
         progress.finish()
     for recording_id, reason in report.transcoded.items():
@@ -458,6 +485,7 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
         "user": ("user", str),
         "command_timeout": ("command_timeout", float),
         "index_cache_size": ("index_cache_size", _size),
+        "disk_cache_size": ("disk_cache_size", _size),
     }
     for group in args.options:
         for option in filter(None, (part.strip() for part in group.split(","))):
@@ -492,7 +520,8 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
 
 
 def _mount(args: argparse.Namespace) -> int:
-    args.shard_dir = os.path.abspath(args.shard_dir)
+    if not is_remote(args.shard_dir):
+        args.shard_dir = os.path.abspath(args.shard_dir)
     args.mountpoint = os.path.abspath(args.mountpoint)
     if not args.foreground:
         return _mount_in_background(args)
@@ -517,6 +546,7 @@ def _mount(args: argparse.Namespace) -> int:
         command_limits=CommandLimits(timeout_seconds=args.command_timeout),
         cache_quota_bytes=args.index_cache_size,
         user=args.user,
+        disk_cache_bytes=args.disk_cache_size,
     )
     ready_fd: int | None = args.ready_fd
 
@@ -752,7 +782,8 @@ def _stats(args: argparse.Namespace) -> int:
 def format_stats(stats: dict[str, Any]) -> str:
     """The statistics of a mount as aligned tables of plain text."""
     lines = [f"uptime  {stats.get('uptime_seconds', 0):.0f} s"]
-    for section in ("counters", "errors", "cache", "workers", "shards", "indexing", "views"):
+    sections = ("counters", "errors", "cache", "workers", "shards", "store", "indexing", "views")
+    for section in sections:
         values = stats.get(section) or {}
         lines.append(f"\n{section}" + ("  (none)" if not values else ""))
         width = max((len(key) for key in values), default=0)

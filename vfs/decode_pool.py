@@ -35,7 +35,7 @@ import trio
 from cutfs.codec.command_runner import announce_groups_to, kill_group
 from cutfs.codec.decoder import DecodeTrace
 from cutfs.codec.errors import CutfsError, ShardFormatError
-from cutfs.codec.library import Library, open_library
+from cutfs.codec.library import Library, LibrarySpec
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
 from cutfs.codec.source_policy import SourcePolicy
@@ -90,7 +90,8 @@ class DecodePool:
         self._statistics = statistics or Statistics()
         self._profile = profile
         self._user = user
-        setup = _WorkerSetup(library.directory, library.identity, profile, policy, user)
+        setup = _WorkerSetup(library.spec, library.identity, profile, policy, user)
+        self._store_counts: dict[str, int] = {}
         self._workers = [_Worker(setup) for _ in range(workers)]
         self._idle = list(self._workers)
         self._available = trio.Semaphore(len(self._workers)) if workers else None
@@ -123,6 +124,13 @@ class DecodePool:
     def close(self) -> None:
         for worker in self._workers:
             worker.stop()
+
+    def store_counters(self) -> dict[str, int]:
+        """What the store did for every decode so far (requests, bytes, cache hits), summed
+        over the workers (or read from the library, when decoding runs in threads)."""
+        if not self._workers:
+            return self._library.counters()
+        return dict(self._store_counts)
 
     def statistics(self) -> PoolStatistics:
         alive = sum(1 for worker in self._workers if worker.alive())
@@ -242,6 +250,10 @@ class DecodePool:
                     ) from None
                 if reply == _READY:
                     continue  # a replacement worker announcing itself
+                if isinstance(reply, _StoreCounts):
+                    for name, grown in reply.grown.items():
+                        self._store_counts[name] = self._store_counts.get(name, 0) + grown
+                    continue
                 if isinstance(reply, _CommandStarted):
                     worker.command_groups.add(reply.group)  # killed with the worker
                     continue
@@ -273,6 +285,13 @@ _READY = "ready"
 
 
 @dataclass(frozen=True, slots=True)
+class _StoreCounts:
+    """How much a worker's store counters grew while it answered a request."""
+
+    grown: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class _CommandStarted:
     """A worker started a command in this process group (see :mod:`cutfs.codec.command_runner`)."""
 
@@ -283,7 +302,7 @@ class _CommandStarted:
 class _WorkerSetup:
     """What a worker process needs to open the library (pickled to it)."""
 
-    library_dir: str
+    library: LibrarySpec
     #: The daemon's :attr:`Library.identity`: a worker opening something else refuses.
     identity: str
     profile: bool
@@ -327,7 +346,7 @@ class _Worker:
     def wait_ready(self, timeout_seconds: float) -> None:
         connection = self.connection()
         if not connection.poll(timeout_seconds):
-            raise CutfsError("a decoder worker did not start", where=self._setup.library_dir)
+            raise CutfsError("a decoder worker did not start", where=self._setup.library.where)
         ready = connection.recv()
         if isinstance(ready, BaseException):
             raise ready
@@ -385,12 +404,12 @@ def _worker_main(connection: Connection, setup: _WorkerSetup) -> None:
     try:
         if setup.user is not None:
             setup.user.become()
-        library = open_library(setup.library_dir, setup.policy)  # recordings only: no cuts
+        library = setup.library.open(setup.policy)  # recordings only: no cuts
         if library.identity != setup.identity:
             raise ShardFormatError(
                 "the directory changed since it was mounted (another one put in its place?): "
                 "a worker refuses to serve it; remount to serve the new one",
-                where=setup.library_dir,
+                where=setup.library.where,
             )
         announce_groups_to(lambda group: connection.send(_CommandStarted(group)))
     except OSError as exc:
@@ -400,6 +419,7 @@ def _worker_main(connection: Connection, setup: _WorkerSetup) -> None:
         connection.send(exc)
         return
     connection.send(_READY)
+    reported = library.counters()
     while True:
         try:
             request = connection.recv()
@@ -409,4 +429,9 @@ def _worker_main(connection: Connection, setup: _WorkerSetup) -> None:
             reply: Any = _answer(library, request, profile)
         except CutfsError as exc:
             reply = exc
+        counts = library.counters()
+        grown = {name: value - reported.get(name, 0) for name, value in counts.items()}
+        if any(grown.values()):
+            connection.send(_StoreCounts(grown))
+        reported = counts
         connection.send(reply)

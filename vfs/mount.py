@@ -22,11 +22,13 @@ from dataclasses import asdict, dataclass, field
 import pyfuse3
 import trio
 
+from cutfs.codec.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.mapped_table import release_mapped_pages
 from cutfs.codec.output_format import OutputFormat
+from cutfs.codec.remote_shards import is_remote, open_remote_shards
 from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
@@ -100,10 +102,20 @@ class MountOptions:
     cache_quota_bytes: int = DEFAULT_CACHE_QUOTA_BYTES
     #: Whom a root daemon reads the source as (None: the owner of SOURCE).
     user: str | None = None
+    #: The most bytes the piece cache of a source in object storage keeps on disk.
+    disk_cache_bytes: int = DEFAULT_DISK_BYTES
 
 
-def open_source(source: str, cache_dir: str | None, policy: SourcePolicy | None = None) -> Library:
-    """A shard directory, or any other source prepared for serving in place.
+def open_source(
+    source: str,
+    cache_dir: str | None,
+    policy: SourcePolicy | None = None,
+    *,
+    disk_cache_bytes: int = DEFAULT_DISK_BYTES,
+    deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
+) -> Library:
+    """A shard directory (local, or ``s3://`` object storage), or any other source
+    prepared for serving in place.
 
     ``policy`` confines a source served in place (default: its own location,
     no commands).  Raises :class:`MountError` with :attr:`ExitCode.BAD_SHARDS`
@@ -111,6 +123,13 @@ def open_source(source: str, cache_dir: str | None, policy: SourcePolicy | None 
     """
     try:
         library: Library
+        if is_remote(source):
+            return open_remote_shards(
+                source,
+                cache_dir or default_cache_root(),
+                disk_cache_bytes=disk_cache_bytes,
+                deadline_seconds=deadline_seconds,
+            )
         if os.path.isdir(source) and os.path.exists(os.path.join(source, MANIFEST_FILE)):
             library = ShardSet(source, cache_root=cache_dir or default_cache_root())
             return library
@@ -194,24 +213,37 @@ def serve(
     """
     mountpoint = os.path.abspath(mountpoint)
     _check_environment(mountpoint)
-    user = _serving_user(options.user, shard_dir)
+    remote = is_remote(shard_dir)
+    user = _serving_user(options.user, None if remote else shard_dir)
     if user is not None and options.workers == 0:
         raise MountError(
             f"--workers 0 decodes in the daemon, which keeps root to unmount; reading as "
             f"{user.describe()} needs decoder workers (--workers 1 or more)",
             ExitCode.USAGE,
         )
-    policy = SourcePolicy.for_source(
-        shard_dir,
-        options.allowed_roots,
-        allow_commands=options.allow_commands,
-        command_limits=options.command_limits,
-        cache_quota_bytes=options.cache_quota_bytes,
+    policy = (
+        None
+        if remote
+        else SourcePolicy.for_source(
+            shard_dir,
+            options.allowed_roots,
+            allow_commands=options.allow_commands,
+            command_limits=options.command_limits,
+            cache_quota_bytes=options.cache_quota_bytes,
+        )
     )
     cache_dir = cache_root_for(options.cache_dir, user)
     with ExitStack() as stack:
         with acting_as(user):
-            library = open_source(shard_dir, cache_dir, policy)
+            library = open_source(
+                shard_dir,
+                cache_dir,
+                policy,
+                disk_cache_bytes=options.disk_cache_bytes,
+                # The store gives up before the read does: the read fails with the store's
+                # reason, and the worker that waited is not killed for missing the deadline.
+                deadline_seconds=options.read_timeout_seconds * 0.8,
+            )
         stack.callback(library.close)
         statistics = Statistics()
         pool = DecodePool(
@@ -234,6 +266,7 @@ def serve(
                 workers=asdict(pool.statistics()),
                 kernel=kernel,
                 shards=library.describe(),
+                store=pool.store_counters(),
                 views={"time_ranges": filesystem.time_ranges},
                 indexing={"in_progress": frames.recordings_being_indexed},
             )
@@ -244,6 +277,7 @@ def serve(
                 "cache": asdict(cache.statistics()),
                 "workers": asdict(pool.statistics()),
                 "shards": library.describe(),
+                "store": pool.store_counters(),
                 "views": {"time_ranges": filesystem.time_ranges},
                 "indexing": {"in_progress": frames.recordings_being_indexed},
             }
@@ -379,7 +413,7 @@ def _fuse_options(options: MountOptions) -> set[str]:
     return fuse_options
 
 
-def _serving_user(requested: str | None, source: str) -> ServingUser | None:
+def _serving_user(requested: str | None, source: str | None) -> ServingUser | None:
     try:
         return serving_user(requested, source)
     except ServingUserError as exc:

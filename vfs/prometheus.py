@@ -47,7 +47,8 @@ _LABEL_UNSAFE: Final = re.compile(r'[\\"\n]')
 
 def render_metrics(statistics: Statistics, sections: Mapping[str, Mapping[str, Any]]) -> str:
     """The exposition text: counters, errors, requests and latencies from ``statistics``;
-    gauges from ``sections`` (``cache``, ``workers``, ``shards``, ``views``: name -> number)."""
+    gauges (counters for ``store``) from ``sections`` (``cache``, ``workers``, ``shards``,
+    ``store``, ``views``: name -> number)."""
     lines: list[str] = []
     lines += _family(
         "cutfs_uptime_seconds",
@@ -84,7 +85,8 @@ def render_metrics(statistics: Statistics, sections: Mapping[str, Mapping[str, A
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             metric = f"cutfs_{_metric_name(section)}_{_metric_name(name)}"
-            kind = "counter" if name in _COUNTER_FIELDS else "gauge"
+            counter = name in _COUNTER_FIELDS or section in _COUNTER_SECTIONS
+            kind = "counter" if counter else "gauge"
             if kind == "counter":
                 metric += "_total"
             lines += _family(metric, kind, f"{section}: {name.replace('_', ' ')}.", [({}, value)])
@@ -93,6 +95,8 @@ def render_metrics(statistics: Statistics, sections: Mapping[str, Mapping[str, A
 
 #: Fields of the sections that only ever grow.
 _COUNTER_FIELDS: Final = frozenset({"hits", "misses", "restarts"})
+#: Sections all of whose fields only ever grow.
+_COUNTER_SECTIONS: Final = frozenset({"store"})
 
 
 def _histograms(latencies: Mapping[str, Histogram]) -> list[str]:

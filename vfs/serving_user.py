@@ -159,11 +159,12 @@ def as_root(user: ServingUser | None) -> Iterator[None]:
         user.act_as()
 
 
-def serving_user(requested: str | None, source: str) -> ServingUser | None:
+def serving_user(requested: str | None, source: str | None) -> ServingUser | None:
     """Whom a daemon started by this process reads ``source`` as; ``None``: as itself.
 
     Root reads as ``requested``, else as the owner of ``source`` unless that
-    is root.  Anyone else reads as itself, and may not ask for another user.
+    is root (a source with no owner, ``None``, such as object storage: as
+    root).  Anyone else reads as itself, and may not ask for another user.
     """
     if os.geteuid() != 0:
         if requested is not None:
@@ -172,6 +173,8 @@ def serving_user(requested: str | None, source: str) -> ServingUser | None:
     if requested is not None:
         user = ServingUser.named(requested)
         return None if user.is_root else user
+    if source is None:
+        return None
     user = ServingUser.owner_of(source)
     writers = _other_writers(source)
     if writers:

@@ -1,0 +1,196 @@
+"""A shard directory in object storage (``s3://bucket/prefix``), opened for serving.
+
+At open, the manifest and the catalogue tables (the cuts and recordings
+tables, file trees and Kaldi order: a few hundred bytes per cut) are
+downloaded once into ``<cache>/catalogues/<digest>`` and memory-mapped from
+there, exactly as a local directory's; the digest covers the location, the
+manifest and the tables' ETags, so a second mount of the same shards
+downloads nothing, and changed tables get a fresh copy.  Each shard is pinned
+(one HEAD, at most ``parallel_heads`` at a time): its size must be the one the
+manifest records, and every later GET is conditional on its ETag.  Audio is
+read through a :class:`cutfs.codec.caching_store.CachingStore` in
+``<cache>/pieces``: per cold cut, the pieces of its span (and the first time, its
+recording's header), in one GET.
+
+:class:`RemoteShards` is the picklable description a decoder worker opens the
+same shards from: the location, the local catalogue and the pins, so workers
+send no HEAD and agree with the daemon on every object's version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Final
+
+from cutfs.codec.caching_store import DEFAULT_DISK_BYTES, DEFAULT_MEMORY_BYTES, CachingStore
+from cutfs.codec.catalogue_copy import CATALOGUE_FILES, cached_catalogue
+from cutfs.codec.errors import ShardFormatError, SourceError
+from cutfs.codec.library import Library
+from cutfs.codec.object_store import ObjectLocation, ObjectStore, ObjectStoreError, PinnedObject
+from cutfs.codec.shard_format import MANIFEST_FILE
+from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.source_policy import SourcePolicy
+
+#: A manifest larger than this is not a cutfs manifest (it lists shards, not cuts).
+MAX_MANIFEST_BYTES: Final = 64 << 20
+_PARALLEL_HEADS: Final = 16
+
+
+def is_remote(source: str) -> bool:
+    """Whether ``source`` names object storage rather than a path."""
+    return source.startswith("s3://")
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteShards:
+    """How to open a remote shard directory that the daemon has prepared (picklable)."""
+
+    location: ObjectLocation
+    #: The local copy of the manifest and catalogue tables.
+    catalogue: str
+    #: The piece cache directory.
+    pieces: str
+    #: Every shard's name, size and ETag, pinned by the daemon.
+    pins: tuple[tuple[str, int, str], ...]
+    disk_cache_bytes: int = DEFAULT_DISK_BYTES
+    memory_cache_bytes: int = DEFAULT_MEMORY_BYTES
+    deadline_seconds: float = 30.0
+
+    @property
+    def where(self) -> str:
+        return f"s3://{self.location.bucket}/{self.location.prefix}"
+
+    def open(self, policy: SourcePolicy | None = None) -> Library:
+        """The shards, for decoding (no cuts table)."""
+        return self.open_shards(load_cuts=False)
+
+    def open_shards(self, *, load_cuts: bool) -> ShardSet:
+        pins = {name: PinnedObject(size, etag) for name, size, etag in self.pins}
+        remote = ObjectStore(self.location, deadline_seconds=self.deadline_seconds, pins=pins)
+        store = CachingStore(
+            remote,
+            self.pieces,
+            self.where,
+            disk_bytes=self.disk_cache_bytes,
+            memory_bytes=self.memory_cache_bytes,
+        )
+        try:
+            return ShardSet(
+                self.where, store, load_cuts=load_cuts, catalogue=self.catalogue, spec=self
+            )
+        except BaseException:
+            store.close()
+            raise
+
+
+def open_remote_shards(
+    uri: str,
+    cache_root: str,
+    *,
+    disk_cache_bytes: int = DEFAULT_DISK_BYTES,
+    memory_cache_bytes: int = DEFAULT_MEMORY_BYTES,
+    deadline_seconds: float = 30.0,
+) -> ShardSet:
+    """Open ``s3://bucket/prefix`` for serving (see the module docstring).
+
+    Raises :class:`SourceError` when the store cannot be reached or refuses,
+    :class:`ShardFormatError` when what it holds is not a format-2 shard directory.
+    """
+    location = ObjectLocation.from_uri(uri)
+    store = ObjectStore(location, deadline_seconds=deadline_seconds)
+    try:
+        try:
+            manifest_bytes = store.get_whole(MANIFEST_FILE, MAX_MANIFEST_BYTES)
+        except ObjectStoreError as exc:
+            raise SourceError(f"cannot read the manifest: {exc.message}", where=uri) from exc
+        shard_names = _shard_names(manifest_bytes, uri)
+        catalogue = _fetched_catalogue(store, manifest_bytes, cache_root)
+        pins = _pinned_shards(store, shard_names, manifest_bytes)
+    finally:
+        store.close()
+    description = RemoteShards(
+        location,
+        catalogue,
+        os.path.join(cache_root, "pieces"),
+        pins,
+        disk_cache_bytes,
+        memory_cache_bytes,
+        deadline_seconds,
+    )
+    return description.open_shards(load_cuts=True)
+
+
+def _shard_names(manifest_bytes: bytes, uri: str) -> list[str]:
+    """The shard file names a manifest lists; a format-1 manifest is refused (its blobs
+    can only be found by reading whole Arrow record batches)."""
+    try:
+        manifest = json.loads(manifest_bytes)
+    except ValueError as exc:
+        raise ShardFormatError(f"unreadable manifest: {exc}", where=uri) from exc
+    if not isinstance(manifest, dict) or manifest.get("version") != 2:
+        raise ShardFormatError(
+            "only shard format 2 can be served from object storage: mount it from a local "
+            "directory, or pack it again with this cutfs",
+            where=uri,
+        )
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        raise ShardFormatError("the manifest lists no shards", where=uri)
+    return [str(shard.get("file")) if isinstance(shard, dict) else "" for shard in shards]
+
+
+def _fetched_catalogue(store: ObjectStore, manifest_bytes: bytes, cache_root: str) -> str:
+    """The local copy of the manifest and the catalogue tables, downloaded if missing."""
+    digest = hashlib.sha256(store.location.uri().encode() + b"\0" + manifest_bytes)
+    for name in CATALOGUE_FILES:
+        try:
+            digest.update(f"{name}\0{store.version(name)}\0".encode())
+        except ObjectStoreError as exc:
+            raise SourceError(
+                f"cannot read the catalogue table {name}: {exc.message}",
+                where=store.location.uri(),
+            ) from exc
+
+    def fill(staging: str) -> None:
+        with open(os.path.join(staging, MANIFEST_FILE), "wb") as manifest:
+            manifest.write(manifest_bytes)
+        for name in CATALOGUE_FILES:
+            try:
+                store.download(name, os.path.join(staging, name))
+            except ObjectStoreError as exc:
+                raise SourceError(f"cannot download the catalogue: {exc}", where=name) from exc
+
+    return cached_catalogue(cache_root, digest.hexdigest(), fill)
+
+
+def _pinned_shards(
+    store: ObjectStore, names: list[str], manifest_bytes: bytes
+) -> tuple[tuple[str, int, str], ...]:
+    """Every shard's (name, size, ETag), each checked against the size the manifest
+    records.  Raises :class:`SourceError` when a shard cannot be reached."""
+    manifest = json.loads(manifest_bytes)
+    recorded = {
+        str(shard.get("file")): (shard.get("bytes"), shard.get("etag"))
+        for shard in manifest["shards"]
+        if isinstance(shard, dict)
+    }
+    with ThreadPoolExecutor(_PARALLEL_HEADS, thread_name_prefix="cutfs-head") as pool:
+        try:
+            pinned = list(pool.map(store.pin, names))
+        except ObjectStoreError as exc:
+            raise SourceError(f"cannot reach a shard: {exc}", where=store.location.uri()) from exc
+    for name, pin in zip(names, pinned, strict=True):
+        size, etag = recorded.get(name, (None, None))
+        if (isinstance(size, int) and size != pin.size) or (
+            isinstance(etag, str) and etag != pin.etag
+        ):
+            raise ShardFormatError(
+                f"the shard is not the one packed (it has {pin.size} bytes and ETag {pin.etag}, "
+                f"the manifest says {size} and {etag}): replaced, or not fully uploaded",
+                where=f"{store.location.uri()} {name}",
+            )
+    return tuple((name, pin.size, pin.etag) for name, pin in zip(names, pinned, strict=True))

@@ -1,0 +1,141 @@
+"""The piece cache over a real store (local files): exact bytes at every alignment, one
+inner request per read, pieces shared between instances, a bounded disk, and pieces that
+were damaged or torn on disk fetched again rather than served."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from cutfs.codec.caching_store import CachingStore
+from cutfs.codec.errors import ShardFormatError, SourceError
+from cutfs.codec.local_store import LocalStore
+
+PIECE = 4096
+
+
+@pytest.fixture
+def objects(tmp_path: Path) -> tuple[str, dict[str, bytes]]:
+    directory = tmp_path / "objects"
+    directory.mkdir()
+    rng = random.Random(11)
+    data = {"a.arrow": rng.randbytes(100 * PIECE + 123), "b.arrow": rng.randbytes(7 * PIECE)}
+    for name, payload in data.items():
+        (directory / name).write_bytes(payload)
+    return str(directory), data
+
+
+def _cache(directory: str, cache: Path, **options: int) -> CachingStore:
+    return CachingStore(
+        LocalStore(directory), str(cache), "test://objects", piece_bytes=PIECE, **options
+    )
+
+
+def _inner_reads(store: CachingStore) -> int:
+    return store.counters()["requests"]
+
+
+def test_reads_are_exact_and_each_costs_one_inner_request_at_most(
+    objects: tuple[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    directory, data = objects
+    store = _cache(directory, tmp_path / "cache")
+    try:
+        payload = data["a.arrow"]
+        rng = random.Random(2)
+        for _ in range(200):
+            start = rng.randrange(len(payload))
+            stop = min(len(payload), start + rng.randrange(1, 5 * PIECE))
+            before = _inner_reads(store)
+            assert bytes(store.read("a.arrow", start, stop)) == payload[start:stop]
+            assert _inner_reads(store) - before <= 1  # missing pieces in one request
+        assert bytes(store.read("a.arrow", len(payload) - 5, len(payload))) == payload[-5:]
+        before = _inner_reads(store)
+        store.prefetch("b.arrow", [(0, 10), (3 * PIECE, 4 * PIECE + 1)])
+        assert _inner_reads(store) - before == 1  # two runs of pieces: one request
+        before = _inner_reads(store)
+        expected = data["b.arrow"][3 * PIECE : 5 * PIECE]
+        assert bytes(store.read("b.arrow", 3 * PIECE, 5 * PIECE)) == expected
+        assert _inner_reads(store) == before  # pieces 3 and 4 were prefetched
+        with pytest.raises(ShardFormatError, match="outside"):
+            store.read("b.arrow", 0, len(data["b.arrow"]) + 1)
+    finally:
+        store.close()
+
+
+def test_a_second_store_on_the_same_directory_reads_what_the_first_fetched(
+    objects: tuple[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    directory, data = objects
+    first = _cache(directory, tmp_path / "cache")
+    assert bytes(first.read("a.arrow", 0, 50 * PIECE)) == data["a.arrow"][: 50 * PIECE]
+    first.close()
+    second = _cache(directory, tmp_path / "cache")
+    try:
+        assert bytes(second.read("a.arrow", 10, 50 * PIECE)) == data["a.arrow"][10 : 50 * PIECE]
+        counters = second.counters()
+        assert counters["requests"] == 0
+        assert counters["disk_hits"] == 50
+    finally:
+        second.close()
+
+
+def test_damaged_or_missing_pieces_on_disk_are_fetched_again(
+    objects: tuple[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    directory, data = objects
+    cache = tmp_path / "cache"
+    store = _cache(directory, cache)
+    store.read("a.arrow", 0, 10 * PIECE)
+    store.close()
+    (data_file,) = [p for p in cache.iterdir() if p.suffix == ".data"]
+    with open(data_file, "r+b") as damaged:
+        damaged.seek(3 * PIECE + 17)
+        damaged.write(b"\xff\x00\xff")
+        damaged.truncate(8 * PIECE + 100)  # pieces 8 and 9 torn
+    store = _cache(directory, cache)
+    try:
+        assert bytes(store.read("a.arrow", 0, 10 * PIECE)) == data["a.arrow"][: 10 * PIECE]
+        counters = store.counters()
+        assert counters["corrupt_pieces"] == 3
+        assert counters["misses"] == 3
+        assert counters["disk_hits"] == 7
+    finally:
+        store.close()
+
+
+def test_the_disk_stays_within_its_bound_and_keeps_the_recent_pieces(
+    objects: tuple[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    directory, data = objects
+    cache = tmp_path / "cache"
+    store = _cache(directory, cache, disk_bytes=20 * PIECE, memory_bytes=0)
+    try:
+        payload = data["a.arrow"]
+        for number in range(100):
+            start = number * PIECE
+            assert bytes(store.read("a.arrow", start, start + 10)) == payload[start : start + 10]
+        counters = store.counters()
+        assert counters["sweeps"] >= 1
+        allocated = sum(os.stat(p).st_blocks * 512 for p in cache.iterdir() if p.is_file())
+        assert allocated <= 20 * PIECE + 8 * PIECE  # data holes punched; maps and lock are small
+        reads = _inner_reads(store)
+        store.read("a.arrow", 99 * PIECE, 99 * PIECE + 10)  # the most recent: still cached
+        assert _inner_reads(store) == reads
+        assert bytes(store.read("a.arrow", 0, 10)) == payload[:10]  # evicted: fetched again
+        assert _inner_reads(store) == reads + 1
+    finally:
+        store.close()
+
+
+def test_a_cache_directory_others_can_write_is_refused(
+    objects: tuple[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    cache.chmod(0o777)
+    with pytest.raises(SourceError, match="writable by its group or others"):
+        _cache(objects[0], cache)
