@@ -41,6 +41,7 @@ from cutfs.codec.errors import CutfsError, SourceError
 MAX_GET_BYTES: Final = 8 << 20
 #: Ranges closer than this are fetched by one GET.
 MERGE_GAP_BYTES: Final = 64 << 10
+_GET_SIZE_EDGES: Final = (64 << 10, 256 << 10, 1 << 20, 8 << 20)
 _RETRYABLE_CODES: Final = frozenset(
     {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError"}
 )
@@ -108,6 +109,18 @@ class ObjectStoreCounters:
     errors: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
+    #: GETs by size: at most 64 KiB, 256 KiB, 1 MiB, 8 MiB (upper edges, in bytes).
+    get_sizes: dict[int, int] = field(
+        default_factory=lambda: dict.fromkeys(_GET_SIZE_EDGES, 0), repr=False
+    )
+
+    def add_get(self, size: int) -> None:
+        with self.lock:
+            self.gets += 1
+            self.bytes_fetched += size
+            edge = next((edge for edge in _GET_SIZE_EDGES if size <= edge), _GET_SIZE_EDGES[-1])
+            self.get_sizes[edge] += 1
+
     def add(self, **counts: int) -> None:
         with self.lock:
             for name, value in counts.items():
@@ -121,6 +134,7 @@ class ObjectStoreCounters:
             "bytes_fetched": self.bytes_fetched,
             "retries": self.retries,
             "errors": self.errors,
+            **{f"gets_up_to_{_size_name(edge)}": n for edge, n in self.get_sizes.items()},
         }
 
 
@@ -351,7 +365,7 @@ class ObjectStore:
             IfMatch=pinned.etag,
         )
         data: bytes = reply["Body"].read()
-        self.tally.add(gets=1, bytes_fetched=len(data))
+        self.tally.add_get(len(data))
         if len(data) != stop - start:
             self.tally.add(errors=1)
             raise ObjectStoreError(
@@ -393,6 +407,10 @@ class ObjectStore:
 
     def _where(self, name: str) -> str:
         return f"s3://{self.location.bucket}/{self.location.key(name)}"
+
+
+def _size_name(size: int) -> str:
+    return f"{size >> 20}MiB" if size >= 1 << 20 else f"{size >> 10}KiB"
 
 
 def _cut_out(pieces: dict[tuple[int, int], bytes], start: int, stop: int) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import CUTFS, is_mounted, needs_fuse, unmount
+from conftest import CUTFS, S3Server, is_mounted, needs_fuse, unmount
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -67,6 +68,35 @@ def test_an_fstab_line_mounts_through_the_helper(shard_dir: str, tmp_path: Path)
         assert len(_read_cut(str(mountpoint))) == 44 + 2 * 40000
         assert subprocess.run(["umount", str(mountpoint)], check=False).returncode == 0
         assert not is_mounted(str(mountpoint))
+    finally:
+        unmount(str(mountpoint))
+
+
+@needs_helper
+def test_an_fstab_line_mounts_shards_from_object_storage(
+    shard_dir: str, s3_server: S3Server, tmp_path: Path
+) -> None:
+    s3_server.upload(shard_dir, "fstab", "shards")
+    uri = s3_server.uri("fstab", "shards")
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(
+        f"{uri} {mountpoint} fuse.cutfs ro,cache_dir={tmp_path / 'cache'},"
+        "disk_cache_size=1G,workers=1,_netdev 0 0\n"
+    )
+    try:
+        result = subprocess.run(
+            ["mount", "-T", str(fstab), str(mountpoint)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert len(_read_cut(str(mountpoint))) == 44 + 2 * 40000
+        with open(mountpoint / ".cutfs" / "stats", encoding="utf-8") as stats:
+            assert json.load(stats)["store"]["gets"] >= 1  # read from the server
     finally:
         unmount(str(mountpoint))
 
@@ -201,6 +231,30 @@ def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "cutfs@test.service" not in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_the_object_storage_drop_in_verifies_and_opens_the_network(tmp_path: Path) -> None:
+    if shutil.which("cutfs", path="/usr/local/bin") is None:
+        pytest.skip("the unit runs /usr/local/bin/cutfs (scripts/setup.sh links it as root)")
+    shutil.copy(REPOSITORY / "systemd" / "cutfs@.service", tmp_path / "cutfs@.service")
+    drop_ins = tmp_path / "cutfs@test.service.d"
+    drop_ins.mkdir()
+    shutil.copy(REPOSITORY / "systemd" / "object-storage.conf", drop_ins)
+    unit = str(tmp_path / "cutfs@test.service")
+    verified = subprocess.run(
+        ["systemd-analyze", "verify", unit], capture_output=True, text=True, check=False
+    )
+    assert verified.returncode == 0, verified.stderr
+    security = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", unit],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    exposed = {line.split()[1] for line in security.stdout.splitlines() if line.startswith("✗")}
+    assert "PrivateNetwork=" in exposed  # the drop-in was applied
+    assert "NoNewPrivileges=" not in exposed
 
 
 def test_mount_options_are_checked(shard_dir: str, tmp_path: Path) -> None:

@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""Shards in object storage against the same shards on local disk, side by side.
+
+    npm install --prefix bench/out s3rver@3     # once: the S3 server on loopback
+    .venv/bin/python bench/object_storage.py    # a few minutes on 2 cores
+
+The corpus is bench/run.py's two-hour recordings (FLAC, MP3, Opus; 16 kHz mono), packed
+once and uploaded to s3rver on 127.0.0.1.  s3rver is fast (2-3 ms per ranged GET) but
+ignores If-Match: correctness is tested against moto in the test suite, this measures
+latency and requests.  Three mounts of the same shards are read cut by cut, interleaved:
+
+* ``local``: the shard directory on local disk;
+* ``s3 cold``: ``s3://`` with an empty piece cache (a fresh one per recording);
+* ``s3 disk cache``: ``s3://``, a fresh daemon whose piece cache already holds the cuts
+  (filled by an earlier mount, as a second mount on the same node would find it).
+
+Before every read the kernel page cache is dropped, so "cold" means no byte of the cut is
+in memory anywhere.  Every cut is read whole (open, read, close).  Per cut, the store's
+counters in ``.cutfs/stats`` give the GETs and bytes fetched; the compressed span of a
+cut is the byte range between the seek points around it.  Results go to
+docs/bench/object-storage.{md,json}; the machine is shared and noisy: compare medians and
+ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from run import CUT_SECONDS, RATE, Cut, Setup, _drop_caches, _machine, _prepare, _unmount
+
+from cutfs.codec.object_store import ObjectLocation, ObjectStore
+from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.shard_upload import upload_shards
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
+BUCKET = "bench"
+STORE_FIELDS = ("gets", "bytes_fetched")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=REPOSITORY / "bench" / "out")
+    parser.add_argument("--out", type=Path, default=REPOSITORY / "docs" / "bench")
+    parser.add_argument("--samples", type=int, default=16, help="cold cuts per recording")
+    parser.add_argument("--s3rver", help="the s3rver command (default: bench/out's npm install)")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        parser.error("run as root: cold reads drop the kernel page cache")
+    s3rver = args.s3rver or str(args.work / "node_modules" / ".bin" / "s3rver")
+    if shutil.which(s3rver) is None:
+        parser.error(f"no s3rver at {s3rver}: npm install --prefix {args.work} s3rver@3")
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="S3RVER", AWS_SECRET_ACCESS_KEY="S3RVER", AWS_DEFAULT_REGION="us-east-1"
+    )
+    setup = _prepare(args.work, {"2h": 7200.0}, args.samples)
+    with _s3rver(s3rver, args.work) as endpoint:
+        uri = _uploaded(setup, endpoint)
+        results: dict[str, Any] = {"machine": _machine(), "uri": uri.split("?")[0]}
+        results["cuts"] = _cold_cuts(setup, uri)
+        results["throughput"] = _throughput(setup, uri)
+    results["summary"] = _summary(results["cuts"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "object-storage.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / "object-storage.md").write_text(_markdown(results))
+    print(_markdown(results))
+    return 0
+
+
+@contextmanager
+def _s3rver(command: str, work: Path) -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    data = work / "s3rver-data"
+    data.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        [command, "-d", str(data), "-a", "127.0.0.1", "-p", str(port), "-s"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("s3rver did not start")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def _uploaded(setup: Setup, endpoint: str) -> str:
+    uri = f"s3://{BUCKET}/{setup.shards.name}?endpoint_override={endpoint}&scheme=http"
+    import botocore.session  # noqa: PLC0415 - only once the server runs
+
+    client = botocore.session.get_session().create_client("s3", endpoint_url=f"http://{endpoint}")
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=BUCKET)
+    client.close()
+    store = ObjectStore(ObjectLocation.from_uri(uri))
+    try:
+        present = store.exists("manifest.json")
+    finally:
+        store.close()
+    if not present:
+        print("bench: uploading the shards to s3rver", flush=True)
+        upload_shards(str(setup.shards), uri)
+    return uri
+
+
+class Mount:
+    """One ``cutfs mount`` of the shards, restartable, with its store counters."""
+
+    def __init__(self, source: str, path: Path, cache: Path | None = None) -> None:
+        self.source, self.path, self.cache = source, path, cache
+        path.mkdir(parents=True, exist_ok=True)
+
+    def restart(self, *, empty_cache: bool = False) -> None:
+        _unmount(self.path)
+        options = []
+        if self.cache is not None:
+            if empty_cache:
+                shutil.rmtree(self.cache, ignore_errors=True)
+            options = ["--cache-dir", str(self.cache)]
+        subprocess.run(
+            [*CUTFS, "mount", *options, self.source, str(self.path)], check=True, cwd=REPOSITORY
+        )
+
+    def store(self) -> dict[str, int]:
+        stats = json.loads((self.path / ".cutfs" / "stats").read_text())
+        return dict(stats.get("store", {}))
+
+    def cut(self, cut: Cut) -> Path:
+        return self.path / "cuts" / f"{cut.cut_id}.wav"
+
+    def stop(self) -> None:
+        _unmount(self.path)
+
+
+def _timed_read(path: Path) -> float:
+    _drop_caches()
+    started = time.perf_counter()
+    with open(path, "rb") as file:
+        file.read()
+    return (time.perf_counter() - started) * 1000
+
+
+def _span_bytes(shards: ShardSet, cut: Cut) -> int:
+    """The compressed bytes between the seek points around a cut (what decoding it needs)."""
+    index = list(shards.recording_ids).index(cut.recording)
+    recording = shards.recording(index)
+    first = round(cut.start_seconds * RATE)
+    end = first + round(CUT_SECONDS * RATE)
+    seek = recording.seek_index
+    start = seek.point_at_or_before(first - recording.preroll_frames).byte_offset
+    after = seek.first_point_after(end)
+    return (after.byte_offset if after is not None else len(shards.blob(index))) - start
+
+
+def _cold_cuts(setup: Setup, uri: str) -> list[dict[str, Any]]:
+    root = setup.work / "mnt-s3"
+    local = Mount(str(setup.shards), root / "local")
+    cold = Mount(uri, root / "s3-cold", setup.work / "s3-cache-cold")
+    cached = Mount(uri, root / "s3-cached", setup.work / "s3-cache-disk")
+    rows: list[dict[str, Any]] = []
+    try:
+        with ShardSet(str(setup.shards)) as shards:
+            for rid in sorted(setup.cuts):
+                batch = setup.cuts[rid]
+                cached.restart(empty_cache=True)  # fill its piece cache, then a fresh daemon
+                for cut in batch:
+                    _timed_read(cached.cut(cut))
+                cached.restart()
+                local.restart()
+                cold.restart(empty_cache=True)
+                for cut in batch:
+                    row: dict[str, Any] = {"recording": rid, "cut": cut.cut_id}
+                    row["span_bytes"] = _span_bytes(shards, cut)
+                    row["local_ms"] = _timed_read(local.cut(cut))
+                    before = cold.store()
+                    row["s3_cold_ms"] = _timed_read(cold.cut(cut))
+                    after = cold.store()
+                    for name in after:
+                        row[f"s3_{name}"] = after[name] - before.get(name, 0)
+                    before = cached.store()
+                    row["s3_disk_cache_ms"] = _timed_read(cached.cut(cut))
+                    row["s3_disk_cache_gets"] = cached.store().get("gets", 0) - before.get(
+                        "gets", 0
+                    )
+                    rows.append(row)
+                print(
+                    f"bench: {rid}: p50 local "
+                    f"{_median(rows, rid, 'local_ms'):.1f} ms, s3 cold "
+                    f"{_median(rows, rid, 's3_cold_ms'):.1f} ms, s3 disk cache "
+                    f"{_median(rows, rid, 's3_disk_cache_ms'):.1f} ms",
+                    flush=True,
+                )
+    finally:
+        for mount in (local, cold, cached):
+            mount.stop()
+    return rows
+
+
+def _median(rows: list[dict[str, Any]], rid: str, field: str) -> float:
+    return statistics.median(row[field] for row in rows if row["recording"] == rid)
+
+
+def _reader(paths: list[str]) -> int:
+    for path in paths:
+        with open(path, "rb") as file:
+            file.read()
+    return len(paths)
+
+
+def _throughput(setup: Setup, uri: str) -> list[dict[str, Any]]:
+    """Cold cuts per second with 1 to 8 readers splitting every cut of the corpus between
+    them (fresh daemon, empty piece cache, page cache dropped before each round)."""
+    root = setup.work / "mnt-s3"
+    mounts = {
+        "local": Mount(str(setup.shards), root / "local"),
+        "s3": Mount(uri, root / "s3-cold", setup.work / "s3-cache-cold"),
+    }
+    cuts = [cut for rid in sorted(setup.cuts) for cut in setup.cuts[rid]]
+    rows = []
+    context = get_context("fork")
+    try:
+        for readers in (1, 2, 4, 8):
+            for system, mount in mounts.items():
+                mount.restart(empty_cache=True)
+                paths = [str(mount.cut(cut)) for cut in cuts]
+                shares = [paths[n::readers] for n in range(readers)]
+                _drop_caches()
+                started = time.perf_counter()
+                with context.Pool(readers) as pool:
+                    done = sum(pool.map(_reader, shares))
+                seconds = time.perf_counter() - started
+                rows.append(
+                    {"system": system, "readers": readers, "cuts_per_second": done / seconds}
+                )
+                print(
+                    f"bench: throughput {system:5s} {readers} readers: "
+                    f"{done / seconds:.1f} cold cuts/s",
+                    flush=True,
+                )
+    finally:
+        for mount in mounts.values():
+            mount.stop()
+    return rows
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    by_recording: dict[str, Any] = {}
+    for rid in sorted({row["recording"] for row in rows}):
+        mine = [row for row in rows if row["recording"] == rid]
+        local = statistics.median(row["local_ms"] for row in mine)
+        cold = statistics.median(row["s3_cold_ms"] for row in mine)
+        disk = statistics.median(row["s3_disk_cache_ms"] for row in mine)
+        ratios = [row["s3_bytes_fetched"] / row["span_bytes"] for row in mine]
+        by_recording[rid] = {
+            "cuts": len(mine),
+            "local_p50_ms": round(local, 2),
+            "s3_cold_p50_ms": round(cold, 2),
+            "s3_cold_minus_local_ms": round(cold - local, 2),
+            "s3_disk_cache_p50_ms": round(disk, 2),
+            "s3_disk_cache_over_local": round(disk / local, 3),
+            "gets_per_cut_max": max(row["s3_gets"] for row in mine),
+            "gets_per_cut_after_first_max": max(row["s3_gets"] for row in mine[1:]),
+            "fetched_over_span_p50": round(statistics.median(ratios), 3),
+            "fetched_over_span_max": round(max(ratios), 3),
+            "fetched_minus_span_max_kib": round(
+                max(row["s3_bytes_fetched"] - row["span_bytes"] for row in mine) / 1024, 1
+            ),
+            "span_kib_p50": round(statistics.median(row["span_bytes"] for row in mine) / 1024, 1),
+            "disk_cache_gets": sum(row["s3_disk_cache_gets"] for row in mine),
+        }
+    sizes: dict[str, int] = {}
+    for row in rows:
+        for name, value in row.items():
+            if name.startswith("s3_gets_up_to_"):
+                key = name.removeprefix("s3_gets_up_to_")
+                sizes[key] = sizes.get(key, 0) + value
+    return {"recordings": by_recording, "get_sizes": sizes}
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    summary = results["summary"]
+    lines = [
+        "# Shards in object storage (s3rver on loopback) against local disk",
+        "",
+        f"Generated by `bench/object_storage.py` on {results['machine']['date']}, "
+        f"{results['machine']['cores']} cores. Cold: page cache dropped before "
+        "every read; `s3 cold`: empty piece cache; `s3 disk cache`: a fresh daemon whose "
+        "piece cache holds the cut. 10 s cuts of 2-hour recordings, read whole.",
+        "",
+        "| recording | cuts | local p50 ms | s3 cold p50 ms | s3 cold - local ms | "
+        "s3 disk cache p50 ms | disk cache / local | GETs/cut max (after the first) | "
+        "fetched / span p50 (max) | fetched - span max KiB | span p50 KiB | GETs from "
+        "disk-cached mount |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for rid, row in summary["recordings"].items():
+        lines.append(
+            f"| {rid} | {row['cuts']} | {row['local_p50_ms']} | {row['s3_cold_p50_ms']} | "
+            f"{row['s3_cold_minus_local_ms']:+} | {row['s3_disk_cache_p50_ms']} | "
+            f"{row['s3_disk_cache_over_local']} | {row['gets_per_cut_max']} "
+            f"({row['gets_per_cut_after_first_max']}) | {row['fetched_over_span_p50']} "
+            f"({row['fetched_over_span_max']}) | {row['fetched_minus_span_max_kib']} | "
+            f"{row['span_kib_p50']} | {row['disk_cache_gets']} |"
+        )
+    lines += [
+        "",
+        "GET sizes (all cold cuts): "
+        + ", ".join(f"up to {size}: {count}" for size, count in summary["get_sizes"].items()),
+        "",
+        "| readers | local cold cuts/s | s3 cold cuts/s | s3 / local |",
+        "|--:|--:|--:|--:|",
+    ]
+    by_readers: dict[int, dict[str, float]] = {}
+    for row in results["throughput"]:
+        by_readers.setdefault(row["readers"], {})[row["system"]] = row["cuts_per_second"]
+    for readers, systems in sorted(by_readers.items()):
+        lines.append(
+            f"| {readers} | {systems['local']:.1f} | {systems['s3']:.1f} | "
+            f"{systems['s3'] / systems['local']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
