@@ -41,25 +41,32 @@ def _read_cut(mountpoint: str) -> bytes:
         return cut.read()
 
 
+def _mount_fstab_line(tmp_path: Path, line: str) -> None:
+    """``mount MOUNTPOINT`` with ``line`` as the only fstab entry; it must succeed."""
+    mountpoint = line.split()[1]
+    os.makedirs(mountpoint, exist_ok=True)
+    fstab = tmp_path / "fstab"
+    fstab.write_text(line)
+    result = subprocess.run(
+        ["mount", "-T", str(fstab), mountpoint],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
 @needs_helper
 def test_an_fstab_line_mounts_through_the_helper(shard_dir: str, tmp_path: Path) -> None:
     mountpoint = tmp_path / "mnt"
-    mountpoint.mkdir()
-    fstab = tmp_path / "fstab"
-    fstab.write_text(
-        f"{shard_dir} {mountpoint} fuse.cutfs "
-        "ro,nosuid,nodev,cache_size=64M,workers=1,read_timeout=20,_netdev,nofail,"
-        "x-systemd.automount 0 0\n"
-    )
     try:
-        result = subprocess.run(
-            ["mount", "-T", str(fstab), str(mountpoint)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        _mount_fstab_line(
+            tmp_path,
+            f"{shard_dir} {mountpoint} fuse.cutfs "
+            "ro,nosuid,nodev,cache_size=64M,workers=1,read_timeout=20,_netdev,nofail,"
+            "x-systemd.automount 0 0\n",
         )
-        assert result.returncode == 0, result.stderr
         assert is_mounted(str(mountpoint))
         with open("/proc/mounts") as mounts:
             line = next(m for m in mounts if m.split()[1] == str(mountpoint))
@@ -79,21 +86,12 @@ def test_an_fstab_line_mounts_shards_from_object_storage(
     s3_server.upload(shard_dir, "fstab", "shards")
     uri = s3_server.uri("fstab", "shards")
     mountpoint = tmp_path / "mnt"
-    mountpoint.mkdir()
-    fstab = tmp_path / "fstab"
-    fstab.write_text(
-        f"{uri} {mountpoint} fuse.cutfs ro,cache_dir={tmp_path / 'cache'},"
-        "disk_cache_size=1G,workers=1,_netdev 0 0\n"
-    )
     try:
-        result = subprocess.run(
-            ["mount", "-T", str(fstab), str(mountpoint)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        _mount_fstab_line(
+            tmp_path,
+            f"{uri} {mountpoint} fuse.cutfs ro,cache_dir={tmp_path / 'cache'},"
+            "disk_cache_size=1G,workers=1,_netdev 0 0\n",
         )
-        assert result.returncode == 0, result.stderr
         assert len(_read_cut(str(mountpoint))) == 44 + 2 * 40000
         with open(mountpoint / ".cutfs" / "stats", encoding="utf-8") as stats:
             assert json.load(stats)["store"]["gets"] >= 1  # read from the server
