@@ -19,7 +19,7 @@ Contracts every store keeps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 
@@ -40,6 +40,11 @@ class ByteStore(Protocol):
 
     def read_many(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
         """Each range's bytes, fetched together (merged and concurrent where remote)."""
+        ...
+
+    def stream(self, name: str, start: int, stop: int, chunk_bytes: int) -> Iterator[memoryview]:
+        """Bytes ``[start, stop)`` in chunks of ``chunk_bytes`` (the last may be shorter), each
+        yielded as soon as it is there: one request, consumed while it arrives."""
         ...
 
     def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> None:

@@ -1,6 +1,7 @@
 """A piece cache in front of a remote store: aligned pieces on local disk and in memory.
 
-Objects are cached in aligned *pieces* (64 KiB by default).  A read asks for
+Objects are cached in aligned *pieces* (16 KiB by default: small enough that rounding a
+cut's span out to pieces adds little to what is fetched).  A read asks for
 the pieces covering it; those neither in memory nor on disk are fetched from
 the inner store in one :meth:`read_many` (consecutive pieces are one range, and
 the inner store merges ranges that are close), so a cut whose header and span
@@ -38,17 +39,19 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
 import numpy as np
 from cachetools import LRUCache
 
 from cutfs.codec.byte_store import ByteStore
-from cutfs.codec.errors import ShardFormatError
+from cutfs.codec.errors import CutfsError, ShardFormatError
+from cutfs.codec.object_store import ObjectStoreError
 from cutfs.codec.private_directory import private_directory
 
-PIECE_BYTES: Final = 64 << 10
+PIECE_BYTES: Final = 16 << 10
 DEFAULT_DISK_BYTES: Final = 20 << 30
 DEFAULT_MEMORY_BYTES: Final = 64 << 20
 _ENTRY: Final = struct.Struct("<II")  # crc32, minute last used (0: absent)
@@ -56,6 +59,11 @@ _ENTRY: Final = struct.Struct("<II")  # crc32, minute last used (0: absent)
 _TOUCH_MINUTES: Final = 10
 _MAX_OPEN_OBJECTS: Final = 256
 _SWEEP_TARGET: Final = 0.8
+#: Runs of missing pieces closer than this are fetched by one request.
+_MERGE_GAP_BYTES: Final = 64 << 10
+#: The longest a read waits for a piece another request is fetching (the fetch itself
+#: gives up at the store's deadline, sooner).
+_AWAIT_SECONDS: Final = 300.0
 _FALLOC_PUNCH_HOLE: Final = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 
 
@@ -91,6 +99,8 @@ class CachingStore:
         self._disk_estimate: int | None = None
         self._counts = {"memory_hits": 0, "disk_hits": 0, "misses": 0, "corrupt_pieces": 0}
         self._counts |= {"evicted_pieces": 0, "sweeps": 0}
+        self._in_flight: dict[tuple[str, int], _Fetch] = {}
+        self._fetchers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="cutfs-piece")
 
     # --- ByteStore ---
 
@@ -123,15 +133,29 @@ class CachingStore:
         self.prefetch(name, ranges)
         return [self.read(name, start, stop) for start, stop in ranges]
 
+    def stream(self, name: str, start: int, stop: int, chunk_bytes: int) -> Iterator[memoryview]:
+        self.prefetch(name, [(start, stop)])
+        for offset in range(start, stop, chunk_bytes):
+            yield self.read(name, offset, min(offset + chunk_bytes, stop))
+
     def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> None:
+        """Start fetching the pieces of ``ranges`` that are neither in memory nor on disk, in
+        the background, and return: reads of those pieces wait for them (and only for
+        them), so decoding starts while the rest of a span is still arriving."""
         numbers: set[int] = set()
         for start, stop in ranges:
             if stop > start:
                 numbers.update(
                     range(start // self._piece_bytes, (stop - 1) // self._piece_bytes + 1)
                 )
-        if numbers:
-            self._pieces(name, sorted(numbers))
+        if not numbers:
+            return
+        key = self._object_key(name)
+        found: dict[int, bytes] = {}
+        absent = self._from_memory(key, sorted(numbers), found)
+        absent = self._from_disk_into(key, absent, found)
+        if absent:
+            self._start_fetch(name, key, absent)
 
     def counters(self) -> dict[str, int]:
         with self._lock:
@@ -139,6 +163,7 @@ class CachingStore:
         return self._inner.counters() | own
 
     def close(self) -> None:
+        self._fetchers.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             for data, entries in self._files.values():
                 os.close(data)
@@ -150,62 +175,108 @@ class CachingStore:
     # --- pieces ---
 
     def _pieces(self, name: str, numbers: Iterable[int]) -> dict[int, bytes]:
-        """The pieces ``numbers`` of an object, fetching those not cached in one request."""
+        """The pieces ``numbers`` of an object: from memory, else from disk (each run of
+        consecutive pieces in one read), else from a fetch (one already under way, or
+        started now for all that are missing)."""
         key = self._object_key(name)
         found: dict[int, bytes] = {}
-        missing: list[int] = []
-        for number in numbers:
-            piece = self._cached(key, number)
-            if piece is None:
-                missing.append(number)
-            else:
-                found[number] = piece
-        if missing:
-            found |= self._fetch(name, key, missing)
+        absent = self._from_memory(key, numbers, found)
+        absent = self._from_disk_into(key, absent, found)
+        if absent:
+            self._start_fetch(name, key, absent)
+            for number in absent:
+                found[number] = self._await(key, number)
         return found
 
-    def _cached(self, key: str, number: int) -> bytes | None:
+    def _from_memory(self, key: str, numbers: Iterable[int], found: dict[int, bytes]) -> list[int]:
+        """Add the pieces in memory to ``found``; the numbers of the others."""
+        absent: list[int] = []
         with self._lock:
-            piece = self._memory.get((key, number))
-            if piece is not None:
-                self._counts["memory_hits"] += 1
-                return piece
-        piece = self._from_disk(key, number)
+            for number in numbers:
+                piece = self._memory.get((key, number))
+                if piece is None:
+                    absent.append(number)
+                else:
+                    found[number] = piece
+                    self._counts["memory_hits"] += 1
+        return absent
+
+    def _from_disk_into(self, key: str, numbers: list[int], found: dict[int, bytes]) -> list[int]:
+        """Add the pieces intact on disk to ``found`` (and to memory); the numbers of the
+        others.  Pieces being fetched are not looked for (they are among the others)."""
         with self._lock:
-            if piece is not None:
-                self._counts["disk_hits"] += 1
+            settled = [n for n in numbers if (key, n) not in self._in_flight]
+        from_disk: dict[int, bytes] = {}
+        for first, end in _runs(settled):
+            from_disk |= self._from_disk(key, first, end)
+        with self._lock:
+            self._counts["disk_hits"] += len(from_disk)
+            for number, piece in from_disk.items():
                 self._remember(key, number, piece)
-        return piece
+        found |= from_disk
+        return [number for number in numbers if number not in from_disk]
+
+    def _start_fetch(self, name: str, key: str, numbers: list[int]) -> None:
+        """Fetch the pieces ``numbers`` not already being fetched: each run of them (runs
+        closer than 64 KiB joined) streamed by one request, the runs at once, in the
+        background."""
+        with self._lock:
+            numbers = [n for n in numbers if (key, n) not in self._in_flight]
+            if not numbers:
+                return
+            runs = _runs(numbers, gap=max(_MERGE_GAP_BYTES // self._piece_bytes, 0))
+            fetches = []
+            for first, end in runs:
+                fetch = _Fetch()
+                for number in range(first, end):
+                    self._in_flight[(key, number)] = fetch
+                fetches.append((first, end, fetch))
+        for first, end, fetch in fetches:
+            self._fetchers.submit(self._stream_run, name, key, first, end, fetch)
+
+    def _stream_run(self, name: str, key: str, first: int, end: int, fetch: _Fetch) -> None:
+        """Stream pieces ``[first, end)`` from the inner store into memory, disk and
+        ``fetch`` (whose waiters each take theirs as soon as it is there)."""
+        number = first
+        try:
+            size = self.size(name)
+            stop = min(end * self._piece_bytes, size)
+            chunks = self._inner.stream(name, first * self._piece_bytes, stop, self._piece_bytes)
+            for chunk in chunks:
+                piece = bytes(chunk)
+                with self._lock:
+                    self._counts["misses"] += 1
+                    self._remember(key, number, piece)
+                self._to_disk(key, number, memoryview(piece))
+                fetch.deliver(number, piece)
+                number += 1
+            fetch.finish(None)
+        except BaseException as exc:
+            fetch.finish(exc)
+        finally:
+            with self._lock:
+                for done in range(first, end):
+                    if self._in_flight.get((key, done)) is fetch:
+                        del self._in_flight[(key, done)]
+
+    def _await(self, key: str, number: int) -> bytes:
+        """A piece being fetched, once it is there; raises what the fetch failed with."""
+        with self._lock:
+            fetch = self._in_flight.get((key, number))
+            piece = self._memory.get((key, number))
+        if piece is not None:
+            return piece
+        if fetch is None:  # finished between the checks: it left the piece behind
+            found: dict[int, bytes] = {}
+            if not self._from_disk_into(key, [number], found):
+                return found[number]
+            raise ObjectStoreError("a fetched piece was not kept (cache too small?)", where=key)
+        return fetch.piece(number, _AWAIT_SECONDS)
 
     def _remember(self, key: str, number: int, piece: bytes) -> None:
         """Keep a piece in memory (caller holds the lock), if it fits at all."""
         if len(piece) <= self._memory.maxsize:
             self._memory[(key, number)] = piece
-
-    def _fetch(self, name: str, key: str, numbers: list[int]) -> dict[int, bytes]:
-        size = self.size(name)
-        runs: list[list[int]] = []
-        for number in numbers:
-            if runs and number == runs[-1][1]:
-                runs[-1][1] = number + 1
-            else:
-                runs.append([number, number + 1])
-        ranges = [
-            (first * self._piece_bytes, min(end * self._piece_bytes, size)) for first, end in runs
-        ]
-        fetched = self._inner.read_many(name, ranges)
-        pieces: dict[int, bytes] = {}
-        for (first, end), data in zip(runs, fetched, strict=True):
-            for number in range(first, end):
-                offset = (number - first) * self._piece_bytes
-                pieces[number] = bytes(data[offset : offset + self._piece_bytes])
-        with self._lock:
-            self._counts["misses"] += len(pieces)
-            for number, piece in pieces.items():
-                self._remember(key, number, piece)
-        for number, piece in pieces.items():
-            self._to_disk(key, number, piece)
-        return pieces
 
     def _object_key(self, name: str) -> str:
         identity = f"{self._namespace}\0{name}\0{self.version(name)}"
@@ -235,40 +306,54 @@ class CachingStore:
                 os.close(old_entries)
             return data, entries
 
-    def _from_disk(self, key: str, number: int) -> bytes | None:
+    def _from_disk(self, key: str, first: int, end: int) -> dict[int, bytes]:
+        """The pieces ``[first, end)`` found intact on disk (one read of their map entries,
+        one of their data); a piece whose CRC does not match is left out (fetched again)."""
+        found: dict[int, bytes] = {}
         try:
             data, entries = self._files_of(key)
-            entry = os.pread(entries, _ENTRY.size, number * _ENTRY.size)
-            if len(entry) != _ENTRY.size:
-                return None
-            checksum, minute = _ENTRY.unpack(entry)
-            if minute == 0:
-                return None
-            piece = os.pread(data, self._piece_bytes, number * self._piece_bytes)
-            if zlib.crc32(piece) != checksum:
-                with self._lock:
-                    self._counts["corrupt_pieces"] += 1
-                return None
+            table = os.pread(entries, (end - first) * _ENTRY.size, first * _ENTRY.size)
+            if not any(table):
+                return found
+            block = os.pread(data, (end - first) * self._piece_bytes, first * self._piece_bytes)
             now = _minute()
-            if now - minute > _TOUCH_MINUTES:
-                os.pwrite(entries, _ENTRY.pack(checksum, now), number * _ENTRY.size)
-            return piece
+            for offset, (checksum, minute) in enumerate(_ENTRY.iter_unpack(table)):
+                if minute == 0:
+                    continue
+                start = offset * self._piece_bytes
+                piece = block[start : start + self._piece_bytes]
+                if zlib.crc32(piece) != checksum:
+                    with self._lock:
+                        self._counts["corrupt_pieces"] += 1
+                    continue
+                found[first + offset] = piece
+                if now - minute > _TOUCH_MINUTES:
+                    where = (first + offset) * _ENTRY.size
+                    os.pwrite(entries, _ENTRY.pack(checksum, now), where)
         except OSError:
-            return None  # an unreadable cache is a cache miss, never a failed read
+            pass  # an unreadable cache is a cache miss, never a failed read
+        return found
 
-    def _to_disk(self, key: str, number: int, piece: bytes) -> None:
+    def _to_disk(self, key: str, first: int, data: memoryview) -> None:
+        """Write the pieces from ``first`` on that ``data`` holds: the data in one write,
+        then their map entries in one more (a piece is never marked before it is there)."""
         if self._disk_bytes == 0:
             return
+        piece_bytes = self._piece_bytes
+        table = b"".join(
+            _ENTRY.pack(zlib.crc32(data[start : start + piece_bytes]), _minute())
+            for start in range(0, len(data), piece_bytes)
+        )
         try:
-            data, entries = self._files_of(key)
-            os.pwrite(data, piece, number * self._piece_bytes)
-            os.pwrite(entries, _ENTRY.pack(zlib.crc32(piece), _minute()), number * _ENTRY.size)
+            data_file, entries = self._files_of(key)
+            os.pwrite(data_file, data, first * piece_bytes)
+            os.pwrite(entries, table, first * _ENTRY.size)
         except OSError:
             return  # a full or failing cache disk costs fetches, not reads
         with self._lock:
             if self._disk_estimate is None:
                 self._disk_estimate = self._present_bytes()
-            self._disk_estimate += len(piece)
+            self._disk_estimate += len(data)
             over = self._disk_estimate > self._disk_bytes
         if over:
             self.sweep()
@@ -330,6 +415,48 @@ class CachingStore:
             finally:
                 os.close(data)
                 os.close(entries)
+
+
+class _Fetch:
+    """Pieces of one request as they arrive, for the readers waiting on them."""
+
+    def __init__(self) -> None:
+        self._arrived = threading.Condition()
+        self._pieces: dict[int, bytes] = {}
+        self._done = False
+        self._error: BaseException | None = None
+
+    def deliver(self, number: int, piece: bytes) -> None:
+        with self._arrived:
+            self._pieces[number] = piece
+            self._arrived.notify_all()
+
+    def finish(self, error: BaseException | None) -> None:
+        with self._arrived:
+            self._done, self._error = True, error
+            self._arrived.notify_all()
+
+    def piece(self, number: int, timeout_seconds: float) -> bytes:
+        with self._arrived:
+            self._arrived.wait_for(lambda: number in self._pieces or self._done, timeout_seconds)
+            piece = self._pieces.get(number)
+            if piece is not None:
+                return piece
+            if isinstance(self._error, CutfsError):
+                raise self._error
+            raise ObjectStoreError(f"fetching a piece failed: {self._error or 'timed out'}")
+
+
+def _runs(numbers: Iterable[int], gap: int = 0) -> list[tuple[int, int]]:
+    """Sorted piece numbers as runs ``[first, end)`` of consecutive ones (joined across at
+    most ``gap`` missing numbers)."""
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number <= runs[-1][1] + gap:
+            runs[-1][1] = number + 1
+        else:
+            runs.append([number, number + 1])
+    return [(first, end) for first, end in runs]
 
 
 def _read_entries(path: str) -> np.ndarray:

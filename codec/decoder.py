@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +27,7 @@ import numpy.typing as npt
 import soundfile
 
 from cutfs.codec.blob import Blob
-from cutfs.codec.errors import CorruptDataError
+from cutfs.codec.errors import CorruptDataError, CutfsError
 from cutfs.codec.pcm import Int16Array, float_to_s16, int_to_s16, packed_to_s16, sample_bytes
 from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording, pts_to_frames
 from cutfs.codec.seek_index import SeekPoint
@@ -161,7 +163,7 @@ def _sndfile_frames(
 ) -> Int16Array:
     mark = time.perf_counter() if trace.profile else 0.0
     reader = SpliceReader(blob, 0, 0)
-    with soundfile.SoundFile(reader, mode="r") as sound:
+    with _store_errors_of(reader), soundfile.SoundFile(reader, mode="r") as sound:
         sound.seek(first)
         if trace.profile:
             mark = _phase(trace, "open", mark)
@@ -190,7 +192,11 @@ def _decoded_frames(
     staging: npt.NDArray[np.float32] | None = None
     filled = first  # every frame before this position is in ``output``
     reader = _reader_at(blob, recording, point)
-    with reader, open_input(reader, recording.container_format) as container:
+    with (
+        _store_errors_of(reader),
+        reader,
+        open_input(reader, recording.container_format) as container,
+    ):
         stream = container.streams.audio[0]
         if recording.method is DecodeMethod.SEEK and point.sample > recording.seek_index.samples[0]:
             timeline_frames = max(point.sample + recording.timeline_origin, 0)
@@ -282,6 +288,21 @@ def _frame_position(
     return pts_to_frames(pts, *scale) - recording.timeline_origin
 
 
+@contextmanager
+def _store_errors_of(reader: SpliceReader) -> Iterator[None]:
+    """Raise what reading the blob raised (a store that timed out, an object that
+    changed), rather than what the decoder made of it: libsndfile's read callbacks swallow
+    exceptions, and a failed read looks like the end of the data to every decoder."""
+    try:
+        yield
+    except Exception:
+        if reader.error is not None:
+            raise reader.error from None
+        raise
+    if reader.error is not None:
+        raise reader.error
+
+
 def _reader_at(blob: Blob, recording: Recording, point: SeekPoint) -> SpliceReader:
     if recording.method is DecodeMethod.SPLICE:
         return SpliceReader(blob, recording.header_bytes, point.byte_offset, seekable=False)
@@ -310,6 +331,8 @@ class SpliceReader(io.RawIOBase):
         self._position = 0
         self.bytes_read = 0
         self.bytes_read_reported = 0
+        #: The first error reading the blob raised; later reads return nothing at once.
+        self.error: CutfsError | None = None
 
     def readable(self) -> bool:
         return True
@@ -335,10 +358,16 @@ class SpliceReader(io.RawIOBase):
         return self._position
 
     def readinto(self, buffer: Any) -> int:
+        """Bytes at the position; 0 at the end, and after a read of the blob failed (the
+        error is kept in :attr:`error`: decoders do not pass exceptions through)."""
         target = memoryview(buffer).cast("B")
         count = 0
-        while count < len(target) and self._position < self._size:
-            source = self._source_at(self._position, len(target) - count)
+        while count < len(target) and self._position < self._size and self.error is None:
+            try:
+                source = self._source_at(self._position, len(target) - count)
+            except CutfsError as exc:
+                self.error = exc
+                break
             if not source:
                 break
             chunk = len(source)

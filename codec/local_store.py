@@ -9,7 +9,7 @@ import mmap
 import os
 import stat
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from cutfs.codec.errors import ShardFormatError
 
@@ -79,6 +79,11 @@ class LocalStore:
         views = [self.read(name, start, stop) for start, stop in ranges]
         self._requests += 1 - len(ranges)
         return views
+
+    def stream(self, name: str, start: int, stop: int, chunk_bytes: int) -> Iterator[memoryview]:
+        whole = self.read(name, start, stop)
+        for offset in range(0, len(whole), chunk_bytes):
+            yield whole[offset : offset + chunk_bytes]
 
     def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> None:
         mapped = self._map(name)

@@ -3,9 +3,13 @@ ranges, GETs merged and split as planned, ETag pinning, a server that is down.""
 
 from __future__ import annotations
 
+import http.client
+import http.server
 import os
 import random
+import threading
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -126,3 +130,84 @@ def test_a_missing_object_and_a_server_that_is_down_fail_with_a_clear_error(
         assert down.counters()["retries"] >= 1  # retried with backoff until the deadline
     finally:
         down.close()
+
+
+class _ThrottlingProxy:
+    """An HTTP proxy in front of the S3 server that answers the next ``throttle`` GETs with
+    503 SlowDown, as S3 does under load, and forwards everything else."""
+
+    def __init__(self, upstream: str) -> None:
+        self.throttle = 0
+        self.throttled = 0
+        proxy = self
+        target = urlsplit(upstream)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if proxy.throttle > 0:
+                    proxy.throttle -= 1
+                    proxy.throttled += 1
+                    body = (
+                        b"<Error><Code>SlowDown</Code><Message>Reduce your rate</Message></Error>"
+                    )
+                    self.send_response(503)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self._forward()
+
+            def do_HEAD(self) -> None:
+                self._forward()
+
+            def _forward(self) -> None:
+                connection = http.client.HTTPConnection(
+                    target.hostname or "127.0.0.1", target.port, timeout=30
+                )
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = self.headers["Host"]
+                connection.request(self.command, self.path, headers=headers)
+                reply = connection.getresponse()
+                body = reply.read()
+                self.send_response(reply.status)
+                dropped = ("transfer-encoding", "connection")
+                if self.command != "HEAD":
+                    dropped += ("content-length",)
+                    self.send_header("Content-Length", str(len(body)))
+                for key, value in reply.getheaders():
+                    if key.lower() not in dropped:
+                        self.send_header(key, value)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+                connection.close()
+
+            def log_message(self, *arguments: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_throttling_is_retried_with_backoff_within_the_deadline(endpoint: str, data: bytes) -> None:
+    proxy = _ThrottlingProxy(endpoint)
+    store = ObjectStore(ObjectLocation(BUCKET, "shards/", proxy.endpoint), deadline_seconds=2.0)
+    try:
+        name = "shard-00000.arrow"
+        proxy.throttle = 3
+        assert store.read(name, 1000, 70_000) == data[1000:70_000]
+        assert proxy.throttled == 3
+        counters = store.counters()
+        assert (counters["retries"], counters["gets"]) == (3, 1)
+        proxy.throttle = 10_000  # throttled for longer than the deadline: a clear error
+        with pytest.raises(ObjectStoreError, match="503 SlowDown"):
+            store.read(name, 0, 10)
+        assert 3 < proxy.throttled < 20  # backed off: 50 ms doubling, not a busy loop
+    finally:
+        store.close()
+        proxy.close()
