@@ -59,6 +59,11 @@ _ENTRY: Final = struct.Struct("<II")  # crc32, minute last used (0: absent)
 _TOUCH_MINUTES: Final = 10
 _MAX_OPEN_OBJECTS: Final = 256
 _SWEEP_TARGET: Final = 0.8
+#: Memory for each process's copies of the maps of the objects it reads (8 bytes per
+#: piece: 4 MiB holds the maps of 8 GiB of shards).
+_MAP_COPIES_BYTES: Final = 32 << 20
+#: How much of a streamed response is read from the network at a time.
+_STREAM_CHUNK_BYTES: Final = 64 << 10
 #: Runs of missing pieces closer than this are fetched by one request.
 _MERGE_GAP_BYTES: Final = 64 << 10
 #: The longest a read waits for a piece another request is fetching (the fetch itself
@@ -100,6 +105,9 @@ class CachingStore:
         self._counts = {"memory_hits": 0, "disk_hits": 0, "misses": 0, "corrupt_pieces": 0}
         self._counts |= {"evicted_pieces": 0, "sweeps": 0}
         self._in_flight: dict[tuple[str, int], _Fetch] = {}
+        self._map_copies: LRUCache[str, bytearray] = LRUCache(
+            maxsize=_MAP_COPIES_BYTES, getsizeof=len
+        )
         self._fetchers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="cutfs-piece")
 
     # --- ByteStore ---
@@ -151,11 +159,31 @@ class CachingStore:
         if not numbers:
             return
         key = self._object_key(name)
-        found: dict[int, bytes] = {}
-        absent = self._from_memory(key, sorted(numbers), found)
-        absent = self._from_disk_into(key, absent, found)
+        absent = self._from_memory(key, sorted(numbers), {})
         if absent:
-            self._start_fetch(name, key, absent)
+            missing = self._read_ahead_on_disk(key, absent)
+            if missing:
+                self._start_fetch(name, key, missing)
+
+    def _read_ahead_on_disk(self, key: str, numbers: list[int]) -> list[int]:
+        """Ask the kernel to read the pieces the map marks present (it does so while the
+        caller goes on; they are checked when read); the numbers of the others."""
+        with self._lock:
+            numbers = [n for n in numbers if (key, n) not in self._in_flight]
+        missing: list[int] = []
+        try:
+            data, _ = self._files_of(key)
+            for first, end in _runs(numbers):
+                marked = [minute != 0 for _, minute in self._entries(key, first, end)]
+                missing += [first + i for i, present in enumerate(marked) if not present]
+                if any(marked):
+                    length = (end - first) * self._piece_bytes
+                    os.posix_fadvise(
+                        data, first * self._piece_bytes, length, os.POSIX_FADV_WILLNEED
+                    )
+        except OSError:
+            return numbers
+        return missing
 
     def counters(self) -> dict[str, int]:
         with self._lock:
@@ -241,15 +269,18 @@ class CachingStore:
         try:
             size = self.size(name)
             stop = min(end * self._piece_bytes, size)
-            chunks = self._inner.stream(name, first * self._piece_bytes, stop, self._piece_bytes)
-            for chunk in chunks:
-                piece = bytes(chunk)
-                with self._lock:
-                    self._counts["misses"] += 1
-                    self._remember(key, number, piece)
-                self._to_disk(key, number, memoryview(piece))
-                fetch.deliver(number, piece)
-                number += 1
+            # Network reads of 64 KiB (smaller ones cost more per byte than they save in
+            # waiting), handed on piece by piece.
+            chunk_bytes = self._piece_bytes * max(_STREAM_CHUNK_BYTES // self._piece_bytes, 1)
+            for chunk in self._inner.stream(name, first * self._piece_bytes, stop, chunk_bytes):
+                self._to_disk(key, number, chunk)
+                for offset in range(0, len(chunk), self._piece_bytes):
+                    piece = bytes(chunk[offset : offset + self._piece_bytes])
+                    with self._lock:
+                        self._counts["misses"] += 1
+                        self._remember(key, number, piece)
+                    fetch.deliver(number, piece)
+                    number += 1
             fetch.finish(None)
         except BaseException as exc:
             fetch.finish(exc)
@@ -311,13 +342,13 @@ class CachingStore:
         one of their data); a piece whose CRC does not match is left out (fetched again)."""
         found: dict[int, bytes] = {}
         try:
-            data, entries = self._files_of(key)
-            table = os.pread(entries, (end - first) * _ENTRY.size, first * _ENTRY.size)
-            if not any(table):
+            table = self._entries(key, first, end)
+            if not any(minute for _, minute in table):
                 return found
+            data, entries = self._files_of(key)
             block = os.pread(data, (end - first) * self._piece_bytes, first * self._piece_bytes)
             now = _minute()
-            for offset, (checksum, minute) in enumerate(_ENTRY.iter_unpack(table)):
+            for offset, (checksum, minute) in enumerate(table):
                 if minute == 0:
                     continue
                 start = offset * self._piece_bytes
@@ -325,14 +356,52 @@ class CachingStore:
                 if zlib.crc32(piece) != checksum:
                     with self._lock:
                         self._counts["corrupt_pieces"] += 1
+                    self._note_entries(key, first + offset, _ENTRY.pack(0, 0))
                     continue
                 found[first + offset] = piece
                 if now - minute > _TOUCH_MINUTES:
-                    where = (first + offset) * _ENTRY.size
-                    os.pwrite(entries, _ENTRY.pack(checksum, now), where)
+                    entry = _ENTRY.pack(checksum, now)
+                    os.pwrite(entries, entry, (first + offset) * _ENTRY.size)
+                    self._note_entries(key, first + offset, entry)
         except OSError:
             pass  # an unreadable cache is a cache miss, never a failed read
         return found
+
+    def _entries(self, key: str, first: int, end: int) -> list[tuple[int, int]]:
+        """(CRC-32, minute) of pieces ``[first, end)``: from this process's copy of the
+        object's map (read whole on first use: one read instead of one per cut), with the
+        entries the copy has as absent read again from the file (another process may have
+        fetched those pieces since).  Raises ``OSError``."""
+        with self._lock:
+            copy = self._map_copies.get(key)
+        _, entries = self._files_of(key)
+        if copy is None:
+            size = os.fstat(entries).st_size
+            copy = bytearray(os.pread(entries, size, 0))
+            with self._lock:
+                if len(copy) <= self._map_copies.maxsize:
+                    self._map_copies[key] = copy
+        low, high = first * _ENTRY.size, end * _ENTRY.size
+        if len(copy) < high:
+            copy.extend(bytes(high - len(copy)))
+        table = list(_ENTRY.iter_unpack(copy[low:high]))
+        if all(minute for _, minute in table):
+            return table
+        fresh = os.pread(entries, high - low, low)
+        fresh += bytes(high - low - len(fresh))
+        copy[low:high] = fresh
+        return list(_ENTRY.iter_unpack(fresh))
+
+    def _note_entries(self, key: str, first: int, table: bytes) -> None:
+        """Keep this process's copy of a map in step with what it wrote to the file."""
+        with self._lock:
+            copy = self._map_copies.get(key)
+            if copy is None:
+                return
+            low = first * _ENTRY.size
+            if len(copy) < low + len(table):
+                copy.extend(bytes(low + len(table) - len(copy)))
+            copy[low : low + len(table)] = table
 
     def _to_disk(self, key: str, first: int, data: memoryview) -> None:
         """Write the pieces from ``first`` on that ``data`` holds: the data in one write,
@@ -348,6 +417,7 @@ class CachingStore:
             data_file, entries = self._files_of(key)
             os.pwrite(data_file, data, first * piece_bytes)
             os.pwrite(entries, table, first * _ENTRY.size)
+            self._note_entries(key, first, table)
         except OSError:
             return  # a full or failing cache disk costs fetches, not reads
         with self._lock:

@@ -377,12 +377,18 @@ def _built_catalogue(
         return FileTree(cuts), FileTree(recordings), KaldiOrder(order, len(cut_ids))
 
 
-#: How far around what it needs a decoder reads: past the header (libsndfile, 8 KiB),
-#: before the seek point (libFLAC positions itself up to 21 KiB early), past the seek
-#: point after the wanted frames (the packets that fill a decoder's delay and its reader's
-#: buffer; 19 KiB for Opus); MP4 demuxers up to 52 KiB either side.  Fetched with the span,
-#: so that none of it is a second request (measured over the test corpus's codecs).
-DECODER_MARGIN_BYTES: Final = 32 << 10
+#: How far around the bytes it needs a decoder reads, by method: (past the header,
+#: before the seek point, past the seek point after the wanted frames).  Measured over the
+#: test corpus's codecs, with room: libsndfile reads 8 KiB past the header and libFLAC
+#: positions itself up to 21 KiB before a seek point; Opus and AAC decoders read up to
+#: 19 KiB past the span (their reader's buffer, the packets that fill the decoder's delay);
+#: MP4 demuxers up to 52 KiB either side.  Fetched with the span, so that none of it is a
+#: second request; too little costs a request, never a wrong sample.
+DECODER_MARGINS_BYTES: Final = {
+    DecodeMethod.SNDFILE: (16 << 10, 32 << 10, 8 << 10),
+    DecodeMethod.SPLICE: (0, 0, 32 << 10),
+    DecodeMethod.SEEK: (0, 64 << 10, 64 << 10),
+}
 
 
 def _decode_spans(
@@ -390,7 +396,7 @@ def _decode_spans(
 ) -> list[tuple[int, int]]:
     """The byte ranges of a blob that decoding frames ``[first, end)`` reads: the header and
     the span from the seek point before ``first`` (minus pre-roll) to the one after ``end``,
-    each with :data:`DECODER_MARGIN_BYTES` around it.
+    widened by :data:`DECODER_MARGINS_BYTES`.
 
     Asked for in one request: the maps are advised MADV_RANDOM (no read-ahead on
     a fault) and a remote store pays a round trip per request.
@@ -403,9 +409,9 @@ def _decode_spans(
     span_start = index.point_at_or_before(first - recording.preroll_frames).byte_offset
     after = index.first_point_after(end)
     span_end = after.byte_offset if after is not None else blob_bytes
-    margin = DECODER_MARGIN_BYTES
-    header_end = min(recording.header_bytes + margin, blob_bytes)
-    return [(0, header_end), (max(span_start - margin, 0), min(span_end + margin, blob_bytes))]
+    past_header, before, past_span = DECODER_MARGINS_BYTES[recording.method]
+    header_end = min(recording.header_bytes + past_header, blob_bytes)
+    return [(0, header_end), (max(span_start - before, 0), min(span_end + past_span, blob_bytes))]
 
 
 def _identity(directory: str, shard_versions: list[str]) -> str:
