@@ -1,7 +1,8 @@
 """Reading cuts and recordings in-process, without a mount: what ``cutfs.open`` returns.
 
-A :class:`Corpus` opens what a mount would serve (a shard directory, or any source
-served in place, read with the caller's own rights as ``cutfs pack`` reads it) and
+A :class:`Corpus` opens what a mount would serve (a shard directory, local or in object
+storage as ``s3://bucket/prefix``, or any source served in place, read with the caller's
+own rights as ``cutfs pack`` reads it) and
 hands out exact samples: the same frames a mounted cut file holds,
 as int16 numpy arrays of shape (frames, channels).  Nothing is decoded until asked for.
 """
@@ -19,6 +20,7 @@ from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.path_escape import escape_id
 from cutfs.codec.pcm import Int16Array
+from cutfs.codec.remote_shards import is_remote, open_remote_shards
 from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
@@ -35,8 +37,10 @@ class Corpus:
     def __init__(self, source: str | os.PathLike[str], cache_dir: str | None = None) -> None:
         """``cache_dir`` keeps the index of a source served in place (default: as a mount)."""
         path = os.fspath(source)
-        if os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST_FILE)):
-            self._library: Library = ShardSet(path)
+        if is_remote(path):
+            self._library: Library = open_remote_shards(path, cache_dir or default_cache_root())
+        elif os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST_FILE)):
+            self._library = ShardSet(path)
         elif os.path.exists(path):
             # Read with the caller's own rights, as `cutfs pack` reads: no confinement.
             policy = SourcePolicy.everything()
@@ -50,6 +54,10 @@ class Corpus:
         return self._library.cut_ids
 
     @property
+    def num_cuts(self) -> int:
+        return self._library.num_cuts
+
+    @property
     def recording_ids(self) -> Sequence[str]:
         return self._library.recording_ids
 
@@ -59,7 +67,12 @@ class Corpus:
 
     def read_cut(self, cut_id: str) -> tuple[Int16Array, int]:
         """The cut's samples, (frames, channels) int16, and its sample rate."""
-        number = self._cut_number(cut_id)
+        return self.read_cut_at(self._cut_number(cut_id))
+
+    def read_cut_at(self, number: int) -> tuple[Int16Array, int]:
+        """The samples and rate of the cut at position ``number`` of :attr:`cut_ids`."""
+        if not 0 <= number < self.num_cuts:
+            raise IndexError(f"cut {number} of {self.num_cuts}")
         recording = self._library.cut_recording(number)
         self._shape(recording)
         cut: Cut | None = self._library.cut(number)

@@ -15,6 +15,7 @@ The API for notebooks, scripts and tests::
     report = cutfs.pack(["data/kaldi"], "shards")          # like `cutfs pack`
     with cutfs.open("shards") as corpus:                    # read in-process, no mount
         samples, rate = corpus.read_cut(corpus.cut_ids[0])  # int16 (frames, channels)
+    dataset = cutfs.CutDataset("shards")                   # for torch's DataLoader, no mount
     with cutfs.mounted("shards", cache_size="1G") as root:  # a real mount, always unmounted
         print(sorted(p.name for p in (root / "cuts").iterdir())[:3])
 """
@@ -22,7 +23,7 @@ The API for notebooks, scripts and tests::
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
 
@@ -30,9 +31,18 @@ from cutfs.vfs.mounted import mounted
 
 if TYPE_CHECKING:
     from cutfs.codec.corpus import Corpus
+    from cutfs.codec.cut_dataset import CutDataset
     from cutfs.codec.packer import PackReport
 
-__all__ = ["__version__", "mounted", "open", "pack"]
+__all__ = ["CutDataset", "__version__", "mounted", "open", "pack"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CutDataset":  # imported on first use: keeps `import cutfs` light
+        from cutfs.codec.cut_dataset import CutDataset  # noqa: PLC0415
+
+        return CutDataset
+    raise AttributeError(f"module 'cutfs' has no attribute {name!r}")
 
 
 def pack(

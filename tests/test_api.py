@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
-from conftest import Reference, needs_fuse
+from conftest import Reference, S3Server, cut_plan, expected_cut, needs_fuse
 
 import cutfs
 from cutfs.codec.cut import seconds_to_frames
@@ -64,3 +65,43 @@ def test_mounted_always_unmounts_and_reports_failures(shard_dir: str, tmp_path: 
     missing = tmp_path / "nothing"
     with pytest.raises(MountFailedError, match=r"(?i)no such file"), cutfs.mounted(missing):
         pass
+
+
+def test_a_dataloader_reads_every_cut_exactly_in_its_workers(
+    shard_dir: str, references: dict[str, Reference]
+) -> None:
+    torch = pytest.importorskip("torch")
+    dataset = cutfs.CutDataset(shard_dir, dtype="int16")
+    plan = {str(cut["id"]): cut for cut in cut_plan(references)}
+    assert len(dataset) == len(plan)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn"
+    )
+    seen = set()
+    for samples, rate, cut_id in loader:
+        expected, expected_rate = expected_cut(plan[cut_id], references)
+        assert rate == expected_rate
+        lossless = any(tag in str(plan[cut_id]["recording"]) for tag in ("flac", "wav"))
+        difference = np.abs(samples.numpy().astype(np.int32) - expected.astype(np.int32))
+        assert difference.max(initial=0) <= (0 if lossless else 1), cut_id
+        seen.add(cut_id)
+    assert seen == set(plan)
+    floats = cutfs.CutDataset(shard_dir)
+    samples, _, cut_id = floats[0]
+    exact, _, _ = dataset[0]
+    assert samples.dtype == np.float32 and samples.shape == exact.T.shape
+    assert np.array_equal(samples, exact.T.astype(np.float32) / 32768)
+
+
+def test_open_reads_shards_in_object_storage(
+    shard_dir: str, s3_server: S3Server, tmp_path: Path
+) -> None:
+    s3_server.upload(shard_dir, "api", "shards")
+    uri = s3_server.uri("api", "shards")
+    with cutfs.open(shard_dir) as local, cutfs.open(uri, str(tmp_path / "cache")) as remote:
+        assert list(remote.cut_ids) == list(local.cut_ids)
+        for cut_id in local.cut_ids:
+            remote_samples, remote_rate = remote.read_cut(cut_id)
+            local_samples, local_rate = local.read_cut(cut_id)
+            assert remote_rate == local_rate
+            assert np.array_equal(remote_samples, local_samples), cut_id
