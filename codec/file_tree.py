@@ -47,6 +47,7 @@ from cutfs.codec.mapped_table import (
     single_chunk,
 )
 from cutfs.codec.path_escape import PLAIN_ID_PATTERN, SUFFIX, escape_id, unescape_path
+from cutfs.codec.row_order import rows_in_order
 from cutfs.codec.shard_format import write_table
 
 ROOT: Final = 0
@@ -158,7 +159,8 @@ def write_file_tree(prefix: str, paths: Sequence[str] | pa.Array, mode: int | No
 
     Built with Arrow's vectorised kernels, a few million paths at a time and level by
     level of directories within them; what is kept across batches is the directories and
-    one row per entry, sorted once at the end (about 100 bytes per path at the peak).
+    one row per entry, sorted once at the end (about 100 bytes per path at the peak), or
+    not at all when the rows already are in order (ids made in order).
     """
     path_array = pa.array(paths, pa.large_string()) if not isinstance(paths, pa.Array) else paths
     path_array = path_array.cast(pa.large_string())
@@ -168,8 +170,12 @@ def write_file_tree(prefix: str, paths: Sequence[str] | pa.Array, mode: int | No
     parent, directory_entries = found.parents(), found.entries
     entries = pa.concat_tables([*directory_entries, *files] or [_ENTRY_SCHEMA.empty_table()])
     del files, directory_entries
-    order = pc.sort_indices(entries, [("directory", "ascending"), ("name", "ascending")])
-    entries = entries.take(order).combine_chunks()
+    entries = entries.combine_chunks()
+    group = np.asarray(entries.column("directory").to_numpy(), dtype=np.uint32)
+    if not rows_in_order(entries.column("name").combine_chunks(), group):
+        order = pc.sort_indices(entries, [("directory", "ascending"), ("name", "ascending")])
+        entries = entries.take(order).combine_chunks()
+    del group
     entries = entries.append_column(
         _KEY_SCHEMA.field(0), pa.array(_name_keys(entries.column("name")))
     )

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.mapped_table import int_view, read_mapped
+from cutfs.codec.row_order import rows_in_order
 from cutfs.codec.shard_format import write_table
 
 KALDI_ORDER_FILE: Final = "kaldi-order.arrow"
@@ -63,7 +64,10 @@ def write_kaldi_order(
     """Write the order table of cuts with these ids and served paths (see the module
     docstring); ``mode`` sets the file's permission bits."""
     keys = kaldi_keys(cut_ids)
-    order = pc.sort_indices(keys.cast(pa.large_binary()))
+    if rows_in_order(keys):
+        order = pa.array(np.arange(len(keys), dtype=np.uint64))
+    else:
+        order = pc.sort_indices(keys.cast(pa.large_binary()))
     lengths = pc.add(
         pc.binary_length(keys).cast(pa.int64()),
         pc.binary_length(cut_paths.cast(pa.large_string())).cast(pa.int64()),

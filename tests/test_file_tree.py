@@ -156,3 +156,33 @@ def test_a_tree_written_in_small_batches_is_the_same_tree(
     assert len([p for p, item in _walk(batched).items() if item is not None]) == len(ids)
     for item, path in enumerate(paths):
         assert _resolve(batched, path) == item
+
+
+def test_rows_already_in_order_are_written_unsorted_and_read_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np  # noqa: PLC0415
+    import pyarrow as pa  # noqa: PLC0415
+
+    from cutfs.codec import file_tree, row_order  # noqa: PLC0415
+    from cutfs.codec.kaldi_order import KaldiOrder, write_kaldi_order  # noqa: PLC0415
+
+    names = pa.array([b"a", b"ab", b"b", b"a", b"c"], pa.large_binary())
+    assert row_order.rows_in_order(names, np.array([0, 0, 0, 1, 1]))
+    assert not row_order.rows_in_order(names)
+    assert not row_order.rows_in_order(names, np.array([0, 0, 1, 0, 1]))
+    ids = [f"s{n // 40:03d}/u{n:06d}" for n in range(400)]  # made in order, as generators do
+    trees = {}
+    for sort_always in (False, True):
+        if sort_always:  # the slow path, forced: the same tree and order must come out
+            monkeypatch.setattr(file_tree, "rows_in_order", lambda *args: False)
+            monkeypatch.setattr("cutfs.codec.kaldi_order.rows_in_order", lambda *args: False)
+        directory = tmp_path / str(sort_always)
+        directory.mkdir()
+        tree, paths = _tree(directory, ids)
+        write_kaldi_order(str(directory / "order.arrow"), pa.array(ids), pa.array(paths))
+        order = KaldiOrder(str(directory / "order.arrow"), len(ids))
+        trees[sort_always] = (_walk(tree), order.cuts.tolist(), order.text_ends.tolist())
+        for item, path in enumerate(paths):
+            assert _resolve(tree, path) == item
+    assert trees[False] == trees[True]
