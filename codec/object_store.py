@@ -433,7 +433,10 @@ class ObjectStore:
                     raise ObjectStoreError(f"GET failed: {exc}", where=self._where(name)) from exc
                 self.tally.add(retries=1)
             finally:
-                reply.release_conn()
+                if received == end - position:
+                    reply.release_conn()
+                else:  # a body left unread must not meet the next request on the connection
+                    reply.close()
                 self.tally.add_get(received)
             if received > end - position:
                 raise ObjectStoreError("the server sent more than asked", where=self._where(name))
