@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""A training loop fed by a PyTorch DataLoader: cuts through a cutfs mount, cuts read
+in-process by ``cutfs.CutDataset``, and the same cuts read from the original long files
+with soundfile and with Lhotse, side by side.
+
+    .venv/bin/python bench/dataloader.py                      # this 2-core machine
+    .venv/bin/python bench/dataloader.py --workers 16 --cuts-per-recording 300   # a GPU node
+
+torch comes from the machine (nothing is downloaded); the model runs on CUDA when it is
+there, else on the CPU.  The corpus is bench/run.py's (synthetic 2-hour FLAC, MP3 and
+Opus recordings, 16 kHz mono), packed once into OUT/shards; the cuts are 10 s long and at
+least 20 s apart, so no two share a decoded block.  Each system gets a cold start: the
+kernel page cache is dropped, and the mount is a fresh daemon.  Every system reads the
+same cuts in the same order (shuffled once, with a fixed seed) into the same model: a
+small 1-D convolution network trained with SGD, enough work per step to make a GPU wait
+for data when the loader is slow.
+
+Reported per system: cuts per second over the epoch, and the fraction of steps that
+waited for input (the loop's wait for the next batch took more than 1 ms).  Results go to
+docs/bench/dataloader.{md,json}; compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile
+from run import CUT_SECONDS, Cut, _drop_caches, _machine, _prepare, _unmount
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
+WAITED_SECONDS = 0.001
+
+
+class MountedCuts:
+    """Cut files of a cutfs mount, read with soundfile (what an unmodified script does)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        samples, _ = soundfile.read(self.paths[index], dtype="float32", always_2d=True)
+        return samples.T
+
+
+class OriginalCuts:
+    """Cuts read from the original long files with soundfile: seek, then read."""
+
+    def __init__(self, cuts: list[tuple[str, float]]) -> None:
+        self.cuts = cuts
+
+    def __len__(self) -> int:
+        return len(self.cuts)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        path, start = self.cuts[index]
+        with soundfile.SoundFile(path) as sound:
+            sound.seek(round(start * sound.samplerate))
+            frames = round(CUT_SECONDS * sound.samplerate)
+            return sound.read(frames, dtype="float32", always_2d=True).T
+
+
+class LhotseCuts:
+    """Cuts of the original files through Lhotse's ``cut.load_audio()`` (the recordings are
+    read once, as a manifest would hold them)."""
+
+    def __init__(self, cuts: list[tuple[str, float]]) -> None:
+        self.cuts = cuts
+        self._recordings: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.cuts)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        from lhotse import Recording  # noqa: PLC0415 - the compat extra
+
+        path, start = self.cuts[index]
+        recording = self._recordings.get(path)
+        if recording is None:
+            recording = self._recordings[path] = Recording.from_file(path)
+        cut = recording.to_cut().truncate(offset=start, duration=CUT_SECONDS)
+        return np.asarray(cut.load_audio(), dtype=np.float32)
+
+
+class CutfsInProcess:
+    """``cutfs.CutDataset`` in the cut order of the others."""
+
+    def __init__(self, shards: str, cut_ids: list[str]) -> None:
+        import cutfs  # noqa: PLC0415
+
+        self.dataset = cutfs.CutDataset(shards)
+        with cutfs.open(shards) as corpus:
+            position = {cut_id: n for n, cut_id in enumerate(corpus.cut_ids)}
+        self.numbers = [position[cut_id] for cut_id in cut_ids]
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        samples, _, _ = self.dataset[self.numbers[index]]
+        return samples
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=REPOSITORY / "bench" / "out-dataloader")
+    parser.add_argument("--out", type=Path, default=REPOSITORY / "docs" / "bench")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--cuts-per-recording", type=int, default=60)
+    parser.add_argument("--mount-workers", type=int, default=None, help="cutfs --workers")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        parser.error("run as root: cold starts drop the kernel page cache")
+    import torch  # noqa: PLC0415 - the machine's own torch
+
+    setup = _prepare(args.work, {"2h": 7200.0}, args.cuts_per_recording)
+    cuts = [cut for rid in sorted(setup.cuts) for cut in setup.cuts[rid]]
+    random.Random(7).shuffle(cuts)
+    originals = [(str(setup.corpus[cut.recording]), cut.start_seconds) for cut in cuts]
+    mountpoint = args.work / "mnt"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    systems: dict[str, Callable[[], Any]] = {
+        "cutfs mount": lambda: MountedCuts([_cut_path(mountpoint, cut) for cut in cuts]),
+        "cutfs in-process": lambda: CutfsInProcess(str(setup.shards), [cut.cut_id for cut in cuts]),
+        "soundfile, originals": lambda: OriginalCuts(originals),
+    }
+    if _installed("lhotse"):
+        systems["Lhotse, originals"] = lambda: LhotseCuts(originals)
+    rows = []
+    for system, make in systems.items():
+        if system == "cutfs mount":
+            _mount(setup.shards, mountpoint, args.mount_workers)
+        _drop_caches()
+        row = _epoch(torch, make(), args.workers, args.batch_size, device)
+        _unmount(mountpoint)
+        rows.append({"system": system, **row})
+        print(
+            f"bench: {system:22s} {row['cuts_per_second']:7.1f} cuts/s, "
+            f"{100 * row['waited_fraction']:.0f}% of steps waited",
+            flush=True,
+        )
+    results = {
+        "machine": {**_machine(), "device": device, "torch": torch.__version__},
+        "workers": args.workers,
+        "batch_size": args.batch_size,
+        "cuts": len(cuts),
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "dataloader.json").write_text(json.dumps(results, indent=2) + "\n")
+    text = _markdown(results)
+    (args.out / "dataloader.md").write_text(text)
+    print(text)
+    return 0
+
+
+def _cut_path(mountpoint: Path, cut: Cut) -> str:
+    return str(mountpoint / "cuts" / f"{cut.cut_id}.wav")
+
+
+def _mount(shards: Path, mountpoint: Path, workers: int | None) -> None:
+    _unmount(mountpoint)
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    options = ["--workers", str(workers)] if workers is not None else []
+    subprocess.run([*CUTFS, "mount", *options, str(shards), str(mountpoint)], check=True)
+
+
+def _installed(module: str) -> bool:
+    import importlib.util  # noqa: PLC0415
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _model(torch: Any) -> Any:
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv1d(1, 32, kernel_size=400, stride=160),
+        nn.ReLU(),
+        nn.Conv1d(32, 64, kernel_size=3, stride=2),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool1d(1),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    )
+
+
+def _epoch(torch: Any, dataset: Any, workers: int, batch_size: int, device: str) -> dict[str, Any]:
+    """One pass over ``dataset`` training the model; cuts/s and how often input was late."""
+    model = _model(torch).to(device)
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        num_workers=workers,
+        collate_fn=lambda batch: torch.from_numpy(np.stack([item[:1] for item in batch])),
+        persistent_workers=False,
+    )
+    steps = waited = cuts = 0
+    started = time.perf_counter()
+    iterator = iter(loader)
+    while True:
+        asked = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        waited += time.perf_counter() - asked > WAITED_SECONDS
+        batch = batch.to(device)
+        loss = model(batch).logsumexp(dim=1).mean()  # any differentiable objective will do
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        steps += 1
+        cuts += len(batch)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    return {
+        "cuts": cuts,
+        "seconds": round(seconds, 2),
+        "cuts_per_second": round(cuts / seconds, 1),
+        "waited_fraction": round(waited / max(steps, 1), 3),
+    }
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    machine = results["machine"]
+    rows = results["rows"]
+    base = next(row for row in rows if row["system"] == "cutfs in-process")["cuts_per_second"]
+    lines = [
+        "# A DataLoader feeding a training loop: cutfs beside the originals",
+        "",
+        f"Generated by `bench/dataloader.py` on {machine['date']}: {machine['cores']} cores, "
+        f"{machine['device']}, torch {machine['torch']}; {results['workers']} DataLoader "
+        f"workers, batches of {results['batch_size']}, {results['cuts']} cold 10 s cuts of "
+        "2-hour FLAC, MP3 and Opus recordings (16 kHz), one epoch per system, page cache "
+        "dropped before each.",
+        "",
+        "| system | cuts/s | / cutfs in-process | steps that waited for input |",
+        "|---|--:|--:|--:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['system']} | {row['cuts_per_second']} | "
+            f"{row['cuts_per_second'] / base:.2f} | {100 * row['waited_fraction']:.0f}% |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    shutil.which("fusermount3") or sys.exit("needs fusermount3")
+    sys.exit(main())
