@@ -31,7 +31,7 @@ from cutfs.codec.catalogue_copy import CATALOGUE_FILES, cached_catalogue
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.object_store import ObjectLocation, ObjectStore, ObjectStoreError, PinnedObject
-from cutfs.codec.shard_format import MANIFEST_FILE
+from cutfs.codec.shard_format import MANIFEST_FILE, is_plain_file_name
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_policy import SourcePolicy
 
@@ -140,7 +140,13 @@ def _shard_names(manifest_bytes: bytes, uri: str) -> list[str]:
     shards = manifest.get("shards")
     if not isinstance(shards, list):
         raise ShardFormatError("the manifest lists no shards", where=uri)
-    return [str(shard.get("file")) if isinstance(shard, dict) else "" for shard in shards]
+    names = [shard.get("file") if isinstance(shard, dict) else None for shard in shards]
+    for name in names:  # checked before any request names an object after them
+        if not isinstance(name, str) or not is_plain_file_name(name):
+            raise ShardFormatError(
+                f"shard file name {name!r} is not a plain name under the prefix", where=uri
+            )
+    return [str(name) for name in names]
 
 
 def _fetched_catalogue(store: ObjectStore, manifest_bytes: bytes, cache_root: str) -> str:

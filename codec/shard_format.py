@@ -126,3 +126,9 @@ def write_table(path: str, table: pa.Table, mode: int | None = None) -> None:
 
 def int_column(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
     return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
+
+
+def is_plain_file_name(name: str) -> bool:
+    """Whether ``name`` (of a shard, from a manifest) names a file in the shard directory
+    itself: not empty, not ``.`` or ``..``, no ``/`` and no NUL."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name

@@ -39,6 +39,7 @@ from cutfs.codec.shard_format import (
     READABLE_VERSIONS,
     RECORDINGS_FILE,
     RECORDINGS_TREE,
+    is_plain_file_name,
 )
 
 
@@ -449,12 +450,8 @@ def _read_manifest(directory: str) -> dict[str, Any]:
         raise ShardFormatError("the manifest lists no shards", where=path)
     for shard in shards:
         name = shard.get("file")
-        if not isinstance(name, str) or not _is_plain_file_name(name):
+        if not isinstance(name, str) or not is_plain_file_name(name):
             raise ShardFormatError(
                 f"shard file name {name!r} is not a plain name in the shard directory", where=path
             )
     return manifest
-
-
-def _is_plain_file_name(name: str) -> bool:
-    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name

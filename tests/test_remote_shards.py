@@ -217,3 +217,18 @@ def test_pack_uploads_to_object_storage_and_a_replaced_shard_is_refused_at_mount
         client.close()
     refused = _refused_mount(uri, tmp_path)
     assert "is not the one packed" in refused.stderr
+
+
+def test_a_manifest_naming_objects_outside_its_prefix_is_refused(
+    s3_server: S3Server, shard_dir: str, tmp_path: Path
+) -> None:
+    uri = _uploaded(s3_server, shard_dir, "hostile")
+    manifest = json.loads((Path(shard_dir) / "manifest.json").read_text())
+    manifest["shards"][0]["file"] = "../packed/shard-00000.arrow"
+    client = s3_server.client()
+    client.put_object(
+        Bucket=BUCKET, Key="hostile/manifest.json", Body=json.dumps(manifest).encode()
+    )
+    client.close()
+    refused = _refused_mount(uri, tmp_path)
+    assert "is not a plain name under the prefix" in refused.stderr
