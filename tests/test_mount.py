@@ -414,3 +414,26 @@ def test_kernel_settings_are_applied_when_asked_and_reported(
             bdi = f"/sys/class/bdi/{device[0]}:{device[1]}/read_ahead_kb"
             assert Path(bdi).read_text().strip() == "512"
         assert all(outcome.startswith(("set to", "not applied")) for outcome in kernel.values())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can set a mount's read-ahead")
+def test_a_root_daemon_reads_a_short_cut_in_one_request_by_default(
+    shard_dir: str, tmp_path: Path
+) -> None:
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "1") as mount:
+        kernel: dict[str, str] = {}
+        deadline = time.monotonic() + 20  # applied once the kernel's INIT exchange is over
+        while not kernel and time.monotonic() < deadline:
+            with open(os.path.join(mount, ".cutfs", "stats"), encoding="utf-8") as stats_file:
+                kernel = json.load(stats_file)["kernel"]
+            time.sleep(0.05)
+        assert kernel["read_ahead_kb"].startswith("set to 1024")
+        path = os.path.join(mount, "cuts", "flac_mono_16k", "overlap-a.wav")  # 320 044 bytes
+        os.stat(path)
+        with open(os.path.join(mount, ".cutfs", "stats"), encoding="utf-8") as stats_file:
+            before = json.load(stats_file)["counters"].get("reads", 0)  # file reads, not stats
+        with open(path, "rb") as cut:
+            assert len(cut.read()) == 44 + 2 * 160_000
+        with open(os.path.join(mount, ".cutfs", "stats"), encoding="utf-8") as stats_file:
+            after = json.load(stats_file)["counters"].get("reads", 0)
+        assert after - before == 1  # three of 128 KiB at the kernel's default read-ahead

@@ -71,6 +71,12 @@ class MountError(Exception):
         self.exit_code = exit_code
 
 
+#: The read-ahead a root daemon gives its mount: a whole 10 s cut at 16 kHz (320 KB; 960 KB
+#: at 48 kHz) in one read request instead of three of 128 KiB (measured: 3.03 reads per
+#: cold cut at the kernel's default, 1.03 at 1024, and a lower median latency).
+DEFAULT_READ_AHEAD_KB = 1024
+
+
 @dataclass(frozen=True)
 class MountOptions:
     cache_bytes: int = 512 << 20
@@ -83,7 +89,8 @@ class MountOptions:
     direct_io: bool = False
     #: Time the phases of every decode into .cutfs/stats.
     profile: bool = False
-    #: Kernel settings to apply through sysfs after mounting (root only; None: leave).
+    #: Kernel settings to apply through sysfs after mounting (root only; None: the read-ahead
+    #: is DEFAULT_READ_AHEAD_KB when the daemon runs as root, max_background left alone).
     read_ahead_kb: int | None = None
     max_background: int | None = None
     debug_fuse: bool = False
@@ -308,11 +315,13 @@ def serve(
         async def tune_kernel() -> None:
             # Only once the kernel's INIT exchange is over: its reply resets read-ahead.
             await trio.to_thread.run_sync(os.statvfs, mountpoint)
-            if options.read_ahead_kb is None and options.max_background is None:
+            if _read_ahead_kb(options, user) is None and options.max_background is None:
                 return
             with as_root(user):
                 kernel.update(
-                    kernel_tuning.apply(mountpoint, options.read_ahead_kb, options.max_background)
+                    kernel_tuning.apply(
+                        mountpoint, _read_ahead_kb(options, user), options.max_background
+                    )
                 )
             for setting, outcome in kernel.items():
                 log.info("kernel setting %s: %s", setting, outcome)
@@ -411,6 +420,15 @@ def _fuse_options(options: MountOptions) -> set[str]:
     if options.debug_fuse:
         fuse_options.add("debug")
     return fuse_options
+
+
+def _read_ahead_kb(options: MountOptions, user: ServingUser | None) -> int | None:
+    """The read-ahead to set: the one asked for, else :data:`DEFAULT_READ_AHEAD_KB` for a
+    daemon started as root (only root can write it; one serving a ``user`` was), else
+    none."""
+    if options.read_ahead_kb is None and (os.geteuid() == 0 or user is not None):
+        return DEFAULT_READ_AHEAD_KB
+    return options.read_ahead_kb
 
 
 def _serving_user(requested: str | None, source: str | None) -> ServingUser | None:
