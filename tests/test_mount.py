@@ -389,6 +389,18 @@ def test_stats_count_requests_and_read_consistently(mount: str) -> None:
     assert os.stat(path).st_size > 0
 
 
+def _kernel_settings(mount: str) -> dict[str, str]:
+    """The mount's ``kernel`` statistics, once there: they are applied after the kernel's
+    INIT exchange, a moment after the mount is ready."""
+    kernel: dict[str, str] = {}
+    deadline = time.monotonic() + 20
+    while not kernel and time.monotonic() < deadline:
+        with open(os.path.join(mount, ".cutfs", "stats"), encoding="utf-8") as stats_file:
+            kernel = json.load(stats_file)["kernel"]
+        time.sleep(0.05)
+    return kernel
+
+
 def test_kernel_settings_are_applied_when_asked_and_reported(
     shard_dir: str, tmp_path: Path
 ) -> None:
@@ -402,12 +414,7 @@ def test_kernel_settings_are_applied_when_asked_and_reported(
     ) as mount:
         device = kernel_tuning.device_of(mount)
         assert device is not None and device[0] == 0  # FUSE mounts have anonymous devices
-        kernel: dict[str, str] = {}
-        deadline = time.monotonic() + 20  # applied once the kernel's INIT exchange is over
-        while not kernel and time.monotonic() < deadline:
-            with open(os.path.join(mount, ".cutfs", "stats"), encoding="utf-8") as stats_file:
-                kernel = json.load(stats_file)["kernel"]
-            time.sleep(0.05)
+        kernel = _kernel_settings(mount)
         assert set(kernel) == {"read_ahead_kb", "max_background"}
         if os.geteuid() == 0:
             assert kernel["read_ahead_kb"].startswith("set to 512")
@@ -421,12 +428,7 @@ def test_a_root_daemon_reads_a_short_cut_in_one_request_by_default(
     shard_dir: str, tmp_path: Path
 ) -> None:
     with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "1") as mount:
-        kernel: dict[str, str] = {}
-        deadline = time.monotonic() + 20  # applied once the kernel's INIT exchange is over
-        while not kernel and time.monotonic() < deadline:
-            with open(os.path.join(mount, ".cutfs", "stats"), encoding="utf-8") as stats_file:
-                kernel = json.load(stats_file)["kernel"]
-            time.sleep(0.05)
+        kernel = _kernel_settings(mount)
         assert kernel["read_ahead_kb"].startswith("set to 1024")
         path = os.path.join(mount, "cuts", "flac_mono_16k", "overlap-a.wav")  # 320 044 bytes
         os.stat(path)
