@@ -118,9 +118,10 @@ class ObjectStoreCounters:
     )
 
     def add_get(self, size: int) -> None:
+        """A GET of ``size`` bytes was sent (counted when sent: a request's statistics then
+        hold the GETs it started, even those whose bytes arrive after it is answered)."""
         with self.lock:
             self.gets += 1
-            self.bytes_fetched += size
             edge = next((edge for edge in _GET_SIZE_EDGES if size <= edge), _GET_SIZE_EDGES[-1])
             self.get_sizes[edge] += 1
 
@@ -391,8 +392,9 @@ class ObjectStore:
                 return bytes(reply.data)
             self._refuse(name, reply.status, reply.data)
 
+        self.tally.add_get(stop - start)
         data = self._retrying(name, begun, attempt)
-        self.tally.add_get(len(data))
+        self.tally.add(bytes_fetched=len(data))
         if len(data) != stop - start:
             self.tally.add(errors=1)
             raise ObjectStoreError(
@@ -418,11 +420,13 @@ class ObjectStore:
         pending = b""
         while position < stop:
             end = min(stop, position + self._max_get_bytes)
+            self.tally.add_get(end - position)
             reply = self._open_get(name, pinned, (position, end), begun)
             received = 0
             try:
                 for data in reply.stream(chunk_bytes):
                     received += len(data)
+                    self.tally.add(bytes_fetched=len(data))
                     pending += data
                     while len(pending) >= chunk_bytes:
                         yield memoryview(pending[:chunk_bytes])
@@ -437,7 +441,6 @@ class ObjectStore:
                     reply.release_conn()
                 else:  # a body left unread must not meet the next request on the connection
                     reply.close()
-                self.tally.add_get(received)
             if received > end - position:
                 raise ObjectStoreError("the server sent more than asked", where=self._where(name))
             position += received

@@ -100,7 +100,9 @@ def test_a_cold_cut_costs_one_get_and_a_second_mount_fetches_nothing(
             # The first cut of a recording may fetch its header too; never more.
             allowed = 1 if recording in touched else 2
             assert gets <= allowed, (cut["id"], gets)
-            assert fetched <= blob_bytes[recording] + (64 << 10), (cut["id"], fetched)
+            # Never a recording's worth more than the recording; the margin covers the end of
+            # the previous cut's stream, whose last bytes may land after it was answered.
+            assert fetched <= blob_bytes[recording] + (128 << 10), (cut["id"], fetched)
             touched.add(recording)
         first = _store(mnt)
         assert first["heads"] == 0  # workers get the pins: no HEAD per cut, nor per worker
