@@ -42,10 +42,6 @@ class Blob:
     def __len__(self) -> int:
         return self._stop - self._start
 
-    @property
-    def name(self) -> str:
-        return self._name
-
     def read(self, start: int, stop: int) -> memoryview:
         """Bytes ``[start, stop)`` of the blob, clipped to its length (like a slice)."""
         start = min(max(start, 0), len(self))

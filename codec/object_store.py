@@ -224,11 +224,6 @@ class ObjectStore:
         with self._pins_lock:
             return self._pins.setdefault(name, pinned)
 
-    def pins(self) -> dict[str, PinnedObject]:
-        """Every object pinned so far."""
-        with self._pins_lock:
-            return dict(self._pins)
-
     def size(self, name: str) -> int:
         return self.pin(name).size
 
