@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -28,10 +30,16 @@ def objects(tmp_path: Path) -> tuple[str, dict[str, bytes]]:
     return str(directory), data
 
 
-def _cache(directory: str, cache: Path, **options: int) -> CachingStore:
-    return CachingStore(
+@contextmanager
+def _cache(directory: str, cache: Path, **options: int) -> Iterator[CachingStore]:
+    """A piece cache of the local objects in ``directory``, closed afterwards."""
+    store = CachingStore(
         LocalStore(directory), str(cache), "test://objects", piece_bytes=PIECE, **options
     )
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def _inner_reads(store: CachingStore) -> int:
@@ -42,8 +50,7 @@ def test_reads_are_exact_and_each_costs_one_inner_request_at_most(
     objects: tuple[str, dict[str, bytes]], tmp_path: Path
 ) -> None:
     directory, data = objects
-    store = _cache(directory, tmp_path / "cache")
-    try:
+    with _cache(directory, tmp_path / "cache") as store:
         payload = data["a.arrow"]
         rng = random.Random(2)
         for _ in range(200):
@@ -61,25 +68,19 @@ def test_reads_are_exact_and_each_costs_one_inner_request_at_most(
         assert _inner_reads(store) - before == 1  # two close runs of pieces: one request
         with pytest.raises(ShardFormatError, match="outside"):
             store.read("b.arrow", 0, len(data["b.arrow"]) + 1)
-    finally:
-        store.close()
 
 
 def test_a_second_store_on_the_same_directory_reads_what_the_first_fetched(
     objects: tuple[str, dict[str, bytes]], tmp_path: Path
 ) -> None:
     directory, data = objects
-    first = _cache(directory, tmp_path / "cache")
-    assert bytes(first.read("a.arrow", 0, 50 * PIECE)) == data["a.arrow"][: 50 * PIECE]
-    first.close()
-    second = _cache(directory, tmp_path / "cache")
-    try:
+    with _cache(directory, tmp_path / "cache") as first:
+        assert bytes(first.read("a.arrow", 0, 50 * PIECE)) == data["a.arrow"][: 50 * PIECE]
+    with _cache(directory, tmp_path / "cache") as second:
         assert bytes(second.read("a.arrow", 10, 50 * PIECE)) == data["a.arrow"][10 : 50 * PIECE]
         counters = second.counters()
         assert counters["requests"] == 0
         assert counters["disk_hits"] == 50
-    finally:
-        second.close()
 
 
 def test_damaged_or_missing_pieces_on_disk_are_fetched_again(
@@ -87,23 +88,19 @@ def test_damaged_or_missing_pieces_on_disk_are_fetched_again(
 ) -> None:
     directory, data = objects
     cache = tmp_path / "cache"
-    store = _cache(directory, cache)
-    store.read("a.arrow", 0, 10 * PIECE)
-    store.close()
+    with _cache(directory, cache) as store:
+        store.read("a.arrow", 0, 10 * PIECE)
     (data_file,) = [p for p in cache.iterdir() if p.suffix == ".data"]
     with open(data_file, "r+b") as damaged:
         damaged.seek(3 * PIECE + 17)
         damaged.write(b"\xff\x00\xff")
         damaged.truncate(8 * PIECE + 100)  # pieces 8 and 9 torn
-    store = _cache(directory, cache)
-    try:
+    with _cache(directory, cache) as store:
         assert bytes(store.read("a.arrow", 0, 10 * PIECE)) == data["a.arrow"][: 10 * PIECE]
         counters = store.counters()
         assert counters["corrupt_pieces"] == 3
         assert counters["disk_hits"] == 7
         assert counters["requests"] == 1  # pieces 3 to 9: close enough for one request
-    finally:
-        store.close()
 
 
 def test_the_disk_stays_within_its_bound_and_keeps_the_recent_pieces(
@@ -111,8 +108,7 @@ def test_the_disk_stays_within_its_bound_and_keeps_the_recent_pieces(
 ) -> None:
     directory, data = objects
     cache = tmp_path / "cache"
-    store = _cache(directory, cache, disk_bytes=20 * PIECE, memory_bytes=0)
-    try:
+    with _cache(directory, cache, disk_bytes=20 * PIECE, memory_bytes=0) as store:
         payload = data["a.arrow"]
         for number in range(100):
             start = number * PIECE
@@ -126,8 +122,6 @@ def test_the_disk_stays_within_its_bound_and_keeps_the_recent_pieces(
         assert _inner_reads(store) == reads
         assert bytes(store.read("a.arrow", 0, 10)) == payload[:10]  # evicted: fetched again
         assert _inner_reads(store) == reads + 1
-    finally:
-        store.close()
 
 
 def test_a_cache_directory_others_can_write_is_refused(
@@ -136,5 +130,8 @@ def test_a_cache_directory_others_can_write_is_refused(
     cache = tmp_path / "shared"
     cache.mkdir()
     cache.chmod(0o777)
-    with pytest.raises(SourceError, match="writable by its group or others"):
-        _cache(objects[0], cache)
+    with (
+        pytest.raises(SourceError, match="writable by its group or others"),
+        _cache(objects[0], cache),
+    ):
+        pass
