@@ -18,6 +18,7 @@ import numpy as np
 from cutfs.codec.cut import Cut, seconds_to_frames
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.library import Library
+from cutfs.codec.pack_plan import refuse_uncommitted
 from cutfs.codec.path_escape import escape_id
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.remote_shards import is_remote, open_remote_shards
@@ -42,6 +43,7 @@ class Corpus:
         elif os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST_FILE)):
             self._library = ShardSet(path)
         elif os.path.exists(path):
+            refuse_uncommitted(path)
             # Read with the caller's own rights, as `cutfs pack` reads: no confinement.
             policy = SourcePolicy.everything()
             directory = prepare_index(path, cache_dir or default_cache_root(), policy)

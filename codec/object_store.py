@@ -107,6 +107,7 @@ class ObjectStoreCounters:
     gets: int = 0
     heads: int = 0
     puts: int = 0
+    lists: int = 0
     bytes_fetched: int = 0
     retries: int = 0
     errors: int = 0
@@ -135,6 +136,7 @@ class ObjectStoreCounters:
             "gets": self.gets,
             "heads": self.heads,
             "puts": self.puts,
+            "lists": self.lists,
             "bytes_fetched": self.bytes_fetched,
             "retries": self.retries,
             "errors": self.errors,
@@ -303,6 +305,43 @@ class ObjectStore:
                 )
             raise
         return str(reply["ETag"])
+
+    def put_bytes(self, name: str, data: bytes) -> str:
+        """Store ``data`` (small: a marker, a manifest) as object ``name``; returns its ETag."""
+        reply = self._call(
+            name, "put_object", Bucket=self.location.bucket, Key=self.location.key(name), Body=data
+        )
+        self.tally.add(puts=1)
+        return str(reply["ETag"])
+
+    def listing(self, prefix: str = "") -> dict[str, int]:
+        """The objects whose names start with ``prefix`` (relative to the location's
+        prefix), with their sizes, a page of 1 000 per request."""
+        found: dict[str, int] = {}
+        arguments: dict[str, Any] = {
+            "Bucket": self.location.bucket,
+            "Prefix": self.location.key(prefix),
+        }
+        while True:
+            reply = self._call(prefix, "list_objects_v2", **arguments)
+            self.tally.add(lists=1)
+            for entry in reply.get("Contents", []):
+                found[str(entry["Key"])[len(self.location.prefix) :]] = int(entry["Size"])
+            if not reply.get("IsTruncated"):
+                return found
+            arguments["ContinuationToken"] = reply["NextContinuationToken"]
+
+    def delete(self, name: str) -> None:
+        """Remove object ``name`` (no error when it is not there)."""
+        self._call(name, "delete_object", Bucket=self.location.bucket, Key=self.location.key(name))
+        with self._pins_lock:
+            self._pins.pop(name, None)
+
+    def forget(self, name: str) -> None:
+        """Drop the pinned version of ``name``: the next read pins the object anew."""
+        with self._pins_lock:
+            self._pins.pop(name, None)
+        self._forget_url(name)
 
     def _put_part(self, name: str, path: str, upload: str, number: int) -> dict[str, Any]:
         with open(path, "rb") as file:

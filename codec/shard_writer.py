@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 from typing import Any
@@ -23,7 +22,6 @@ from cutfs.codec.shard_format import (
     CUTS_TREE,
     FORMAT_NAME,
     FORMAT_VERSION,
-    MANIFEST_FILE,
     RECORDINGS_FILE,
     RECORDINGS_SCHEMA,
     RECORDINGS_TREE,
@@ -36,23 +34,29 @@ DEFAULT_SHARD_BYTES = 1 << 30
 
 
 class ShardWriter:
-    """Appends recordings to shards of about ``max_shard_bytes``, then the tables.
+    """Appends recordings to shards of about ``max_shard_bytes``.
 
     A shard is closed once it holds ``max_shard_bytes`` or more, so a shard
-    exceeds that size by at most one recording.  The manifest is written by
-    :meth:`finish`, last, so an interrupted write never looks complete.
+    exceeds that size by at most one recording.  Shards are numbered from
+    ``first_shard`` (a partition of a pack writes the shard of its own number).
+    :meth:`close` gives the recordings table; the catalogue and the manifest are
+    written by the pack's commit (:mod:`cutfs.codec.pack_commit`).
     """
 
-    def __init__(self, directory: str, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+    def __init__(
+        self, directory: str, max_shard_bytes: int = DEFAULT_SHARD_BYTES, first_shard: int = 0
+    ) -> None:
         if max_shard_bytes <= 0:
             raise ValueError("the shard size must be positive")
         self._directory = directory
         self._max_shard_bytes = max_shard_bytes
+        self._first_shard = first_shard
         self._writer: pa.ipc.RecordBatchFileWriter | None = None
         self._sink: pa.OSFile | None = None
         self._shard_bytes = 0
         self._shard_batches = 0
-        self._shards: list[dict[str, Any]] = []
+        #: The shards written: ``{"file", "recordings", "bytes"}`` each, as the manifest lists them.
+        self.shards: list[dict[str, Any]] = []
         self._rows: list[dict[str, Any]] = []
 
     def add_recording(self, recording: Recording, blob: memoryview, source: str) -> int:
@@ -61,7 +65,7 @@ class ShardWriter:
             self._open_next_shard()
         assert self._writer is not None
         self._writer.write_batch(_blob_batch(recording.recording_id, blob))
-        shard = len(self._shards) - 1
+        shard = self._first_shard + len(self.shards) - 1
         self._rows.append(
             recording_row(recording, shard, self._shard_batches, len(blob), source, -1)
         )
@@ -69,34 +73,11 @@ class ShardWriter:
         self._shard_batches += 1
         return len(self._rows) - 1
 
-    def finish(self, cuts: pa.Table, extra: dict[str, Any] | None = None) -> None:
-        """Write the recordings and cuts tables (``cuts`` of :data:`CUTS_SCHEMA`, recordings
-        numbered as :meth:`add_recording` returned them), their file trees and the manifest,
-        last."""
+    def close(self) -> pa.Table:
+        """Close the last shard; returns the recordings table (of :data:`RECORDINGS_SCHEMA`,
+        blob offsets filled in), in the order the recordings were added."""
         self._close_shard()
-        recordings = pa.Table.from_pylist(self._rows, schema=RECORDINGS_SCHEMA)
-        write_table(os.path.join(self._directory, RECORDINGS_FILE), recordings)
-        mentions = mentions_of(cuts.column("metadata"))
-        release_mapped_pages()  # what the scan touched of a pack's spilled columns
-        write_cut_catalogue(self._directory, cuts)
-        write_file_tree(
-            os.path.join(self._directory, RECORDINGS_TREE),
-            served_paths(recordings.column("recording_id")),
-        )
-        manifest = {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "shards": self._shards,
-            "recordings": len(self._rows),
-            "cuts": len(cuts),
-            "mentions": mentions,
-            **(extra or {}),
-        }
-        path = os.path.join(self._directory, MANIFEST_FILE)
-        with open(path + ".tmp", "w", encoding="utf-8") as manifest_file:
-            json.dump(manifest, manifest_file, indent=2)
-            manifest_file.write("\n")
-        os.replace(path + ".tmp", path)
+        return pa.Table.from_pylist(self._rows, schema=RECORDINGS_SCHEMA)
 
     def abort(self) -> None:
         """Close open files without writing the tables."""
@@ -104,10 +85,10 @@ class ShardWriter:
 
     def _open_next_shard(self) -> None:
         self._close_shard()
-        name = shard_file_name(len(self._shards))
+        name = shard_file_name(self._first_shard + len(self.shards))
         self._sink = pa.OSFile(os.path.join(self._directory, name), "wb")
         self._writer = pa.ipc.new_file(self._sink, SHARD_SCHEMA)
-        self._shards.append({"file": name, "recordings": 0, "bytes": 0})
+        self.shards.append({"file": name, "recordings": 0, "bytes": 0})
         self._shard_bytes = 0
         self._shard_batches = 0
 
@@ -115,14 +96,42 @@ class ShardWriter:
         if self._writer is not None and self._sink is not None:
             self._writer.close()
             self._sink.close()
-            path = os.path.join(self._directory, self._shards[-1]["file"])
-            self._shards[-1]["recordings"] = self._shard_batches
-            self._shards[-1]["bytes"] = os.path.getsize(path)
+            path = os.path.join(self._directory, self.shards[-1]["file"])
+            self.shards[-1]["recordings"] = self._shard_batches
+            self.shards[-1]["bytes"] = os.path.getsize(path)
             first_row = len(self._rows) - self._shard_batches
             for row, (offset, _) in zip(self._rows[first_row:], blob_spans(path), strict=True):
                 row["blob_offset"] = offset
         self._writer = None
         self._sink = None
+
+
+def write_catalogue(directory: str, recordings: pa.Table, cuts: pa.Table) -> None:
+    """Write the recordings table, the cut catalogue (:func:`write_cut_catalogue`) and the
+    recordings' file tree of a shard directory into ``directory``."""
+    write_table(os.path.join(directory, RECORDINGS_FILE), recordings)
+    write_cut_catalogue(directory, cuts)
+    write_file_tree(
+        os.path.join(directory, RECORDINGS_TREE),
+        served_paths(recordings.column("recording_id")),
+    )
+
+
+def manifest_of(
+    shards: list[dict[str, Any]], recordings: int, cuts: pa.Table, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """The manifest of a shard directory whose cuts table is ``cuts``."""
+    mentions = mentions_of(cuts.column("metadata"))
+    release_mapped_pages()  # what the scan touched of a pack's spilled columns
+    return {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "shards": shards,
+        "recordings": recordings,
+        "cuts": len(cuts),
+        "mentions": mentions,
+        **extra,
+    }
 
 
 def _blob_batch(recording_id: str, blob: memoryview) -> pa.RecordBatch:

@@ -24,7 +24,7 @@ if [[ ! -x .venv/bin/python ]]; then
     "$python" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -c scripts/cpu-torch-constraints.txt -e '.[test,compat]'
+.venv/bin/python -m pip install -q -c scripts/cpu-torch-constraints.txt -e '.[test,compat,cluster]'
 echo "setup: ready ($(.venv/bin/cutfs --help >/dev/null && echo cutfs installed in .venv/bin))"
 
 # mount(8) runs helpers with a fixed PATH (/usr/local/bin and the system directories),

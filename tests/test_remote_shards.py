@@ -189,7 +189,7 @@ def test_a_server_that_is_down_at_mount_time_is_a_clear_error(tmp_path: Path) ->
 
 
 def test_pack_uploads_to_object_storage_and_a_replaced_shard_is_refused_at_mount(
-    s3_server: S3Server, lhotse_manifests: list[str], mount: str, tmp_path: Path
+    s3_server: S3Server, lhotse_manifests: list[str], mount: str, shard_dir: str, tmp_path: Path
 ) -> None:
     uri = s3_server.uri(BUCKET, "from-pack")
     command = [*CUTFS, "pack", *lhotse_manifests, "-o", uri, "--shard-size", "8M", "-q"]
@@ -202,6 +202,15 @@ def test_pack_uploads_to_object_storage_and_a_replaced_shard_is_refused_at_mount
         )
         assert len(manifest["shards"]) > 1
         assert all(shard["etag"].strip('"') for shard in manifest["shards"])
+        # Partitions packed straight into the bucket hold the bytes of a local pack, and the
+        # plan and partial tables are gone once the manifest is written.
+        listing = client.list_objects_v2(Bucket=BUCKET, Prefix="from-pack/")["Contents"]
+        keys = sorted(entry["Key"].removeprefix("from-pack/") for entry in listing)
+        assert keys == sorted(os.listdir(shard_dir))
+        for name in keys:
+            if name != "manifest.json":
+                body = client.get_object(Bucket=BUCKET, Key=f"from-pack/{name}")["Body"].read()
+                assert body == _read(os.path.join(shard_dir, name)), name
         cache = str(tmp_path / "cache")
         with mounted(uri, str(tmp_path / "mnt"), "--cache-dir", cache) as mnt:
             for name in _all_files(mount):

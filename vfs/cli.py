@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NoReturn
@@ -24,9 +23,21 @@ from cutfs.codec.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.output_format import OutputFormat
-from cutfs.codec.packer import PackProgress, pack
+from cutfs.codec.pack_commit import PackReport, commit_pack
+from cutfs.codec.pack_engines import (
+    LocalEngine,
+    PackEngine,
+    RayEngine,
+    SlurmEngine,
+    default_slurm_folder,
+)
+from cutfs.codec.pack_output import open_pack_output
+from cutfs.codec.pack_plan import make_plan
+from cutfs.codec.pack_progress import PackProgress
+from cutfs.codec.pack_status import read_status
+from cutfs.codec.packer import pack, pack_in_place
+from cutfs.codec.partition_packer import pack_partition
 from cutfs.codec.remote_shards import is_remote
-from cutfs.codec.shard_upload import upload_shards
 from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
@@ -41,6 +52,8 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 _COMMANDS = ("pack", "mount", "umount", "stats", "completion", "manpage")
+#: ``cutfs pack STEP ...``: the steps of a pack, for engines of one's own.
+_PACK_STEPS = ("plan", "run", "commit", "status")
 #: What pack and mount read, for their help.
 _SOURCE_FORMATS = (
     "Lhotse manifests (recordings plus supervisions or cuts, .jsonl or .jsonl.gz, or a "
@@ -55,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments and arguments[0] not in _COMMANDS and not arguments[0].startswith("-"):
         arguments.insert(0, "mount")  # "cutfs SRC MNT -o OPTS", as mount(8) runs helpers
     parser = _parser()
+    if arguments[:1] == ["pack"] and arguments[1:2] and arguments[1] in _PACK_STEPS:
+        parser = _pack_step_parser()
+        arguments = arguments[1:]
     args = parser.parse_args(arguments)
     if args.command is None:
         parser.print_help()
@@ -101,8 +117,8 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         metavar="SHARD_DIR",
         help="the shard directory to create (must not exist or be empty), or s3://bucket/prefix "
-        "(packed in a scratch directory under $TMPDIR, then uploaded, manifest last; the "
-        "prefix must hold no manifest yet)",
+        "(each partition's shard is uploaded as it is packed, the manifest last; the prefix "
+        "must hold no manifest yet)",
     )
     pack_parser.add_argument(
         "-j",
@@ -119,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
         help="bytes per shard, e.g. 512M (default 1G)",
     )
     pack_parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    _add_engine_arguments(pack_parser)
     pack_parser.set_defaults(command="pack", run=_pack)
 
     mount_parser = commands.add_parser(
@@ -337,6 +354,143 @@ def _size(text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
 
 
+def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    engines = parser.add_argument_group(
+        "engines",
+        "Where partitions are packed.  With slurm or ray the output (a directory every node "
+        "sees, or s3://) is written in place: rerunning an interrupted pack keeps the "
+        "partitions already done.",
+    )
+    engines.add_argument(
+        "--engine",
+        choices=("local", "slurm", "ray"),
+        default="local",
+        help="local: this machine, -j processes (default); slurm: a job array through "
+        "submitit; ray: one task per partition on a Ray cluster",
+    )
+    engines.add_argument(
+        "--cpus-per-task",
+        type=int,
+        default=1,
+        metavar="N",
+        help="slurm and ray: cores per partition task, each indexing a recording (default 1)",
+    )
+    engines.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="slurm and ray: runs again of a partition that crashed (not of bad input; default 2)",
+    )
+    engines.add_argument("--slurm-partition", metavar="NAME", help="slurm: the partition")
+    engines.add_argument(
+        "--array-parallelism",
+        type=int,
+        default=256,
+        metavar="N",
+        help="slurm: array tasks running at once (default 256)",
+    )
+    engines.add_argument(
+        "--time-min",
+        type=int,
+        default=240,
+        metavar="MIN",
+        help="slurm: time limit of one partition task in minutes (default 240)",
+    )
+    engines.add_argument(
+        "--mem-gb", type=float, metavar="GB", help="slurm: memory of one partition task"
+    )
+    engines.add_argument(
+        "--slurm-folder",
+        metavar="DIR",
+        help="slurm: where submitit keeps job scripts and logs, seen by every node (default: "
+        "OUT/_parts/slurm, or ./cutfs-pack-slurm for s3://)",
+    )
+    engines.add_argument(
+        "--slurm-executor",
+        choices=("slurm", "local"),
+        default="slurm",
+        help="slurm: 'local' runs the same submission with submitit's local executor, "
+        "without a Slurm controller",
+    )
+    engines.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="ray: the cluster to join, as ray.init(address=...) takes it (default: "
+        "$RAY_ADDRESS, or a new instance on this machine)",
+    )
+
+
+def _pack_step_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cutfs pack",
+        description="The steps of a pack, for running partitions with a scheduler of your own: "
+        "plan, then run every partition (in any order, on any machine that sees the output), "
+        "then commit.",
+    )
+    steps = parser.add_subparsers(title="steps")
+    plan = steps.add_parser(
+        "plan", help="read and check the sources; write the plan of partitions under OUT/_plan"
+    )
+    plan.add_argument("sources", nargs="+", metavar="SOURCE", help="as for 'cutfs pack'")
+    plan.add_argument(
+        "-o", "--output", required=True, metavar="OUT", help="a directory, or s3://bucket/prefix"
+    )
+    plan.add_argument(
+        "--shard-size",
+        type=_size,
+        default=DEFAULT_SHARD_BYTES,
+        metavar="BYTES",
+        help="source bytes per partition, each one shard (default 1G)",
+    )
+    plan.set_defaults(command="pack plan", run=_pack_plan)
+    run = steps.add_parser("run", help="pack partitions into their shards and partial tables")
+    run.add_argument("output", metavar="OUT")
+    run.add_argument(
+        "--partition",
+        required=True,
+        type=_partitions,
+        metavar="I",
+        help="the partition(s): I, I-J or I,J,...; a partition already done is skipped",
+    )
+    run.add_argument(
+        "-j", "--jobs", type=int, default=1, help="recordings indexed in parallel (default 1)"
+    )
+    run.set_defaults(command="pack run", run=_pack_run)
+    commit = steps.add_parser(
+        "commit", help="check every partition, merge the tables, write the manifest last"
+    )
+    commit.add_argument("output", metavar="OUT")
+    commit.add_argument(
+        "--keep-parts", action="store_true", help="keep the plan and the partial tables"
+    )
+    commit.set_defaults(command="pack commit", run=_pack_commit)
+    status = steps.add_parser(
+        "status", help="partitions done, running and failed; hours packed; time left"
+    )
+    status.add_argument("output", metavar="OUT")
+    status.set_defaults(command="pack status", run=_pack_status)
+    for action in steps._choices_actions:  # each step's help is its description too
+        steps.choices[action.dest].description = action.help
+    parser.set_defaults(command=None)
+    return parser
+
+
+def _partitions(text: str) -> list[int]:
+    numbers: list[int] = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            numbers.extend(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not partition numbers: {text!r} (e.g. 3, 0-99)"
+        ) from None
+    if not numbers or min(numbers) < 0:
+        raise argparse.ArgumentTypeError(f"not partition numbers: {text!r} (e.g. 3, 0-99)")
+    return numbers
+
+
 # -- pack --------------------------------------------------------------------------------------
 
 
@@ -344,42 +498,159 @@ def _pack(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="cutfs: %(message)s")
     progress = None if args.quiet else _Progress()
     started = time.monotonic()
-    remote = is_remote(args.output)
-    scratch = tempfile.mkdtemp(prefix="cutfs-pack-") if remote else None
+    in_place = args.engine != "local" or is_remote(args.output)
     try:
-        report = pack(
-            args.sources,
-            os.path.join(scratch, "shards") if scratch else args.output,
-            jobs=max(args.jobs, 1),
-            max_shard_bytes=args.shard_size,
-            on_progress=progress.update if progress else None,
-        )
-        if scratch:
-            print(f"uploading to {args.output}", file=sys.stderr)
-            upload_shards(report.output_dir, args.output)
-            report.output_dir = args.output
+        if in_place:
+            report = pack_in_place(
+                args.sources,
+                args.output,
+                _engine(args),
+                max_shard_bytes=args.shard_size,
+                on_progress=progress.update if progress else None,
+            )
+        else:
+            report = pack(
+                args.sources,
+                args.output,
+                jobs=max(args.jobs, 1),
+                max_shard_bytes=args.shard_size,
+                on_progress=progress.update if progress else None,
+            )
     except CutfsError as exc:
         if progress:
             progress.finish()
         print(f"cutfs pack: error: {exc}", file=sys.stderr)
+        if in_place:
+            print(
+                f"cutfs pack: the partitions done are kept: rerun to pack the rest, or see "
+                f"'cutfs pack status {args.output}'",
+                file=sys.stderr,
+            )
         return ExitCode.ERROR
     except KeyboardInterrupt:
-        print("cutfs pack: interrupted; nothing was written", file=sys.stderr)
+        kept = "the partitions done are kept" if in_place else "nothing was written"
+        print(f"cutfs pack: interrupted; {kept}", file=sys.stderr)
         return 130
-    finally:
-        if scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
     if progress:
         progress.finish()
+    _print_report(report, time.monotonic() - started)
+    return ExitCode.OK
+
+
+def _engine(args: argparse.Namespace) -> PackEngine:
+    if args.engine == "slurm":
+        return SlurmEngine(
+            folder=args.slurm_folder or default_slurm_folder(args.output),
+            cluster=args.slurm_executor,
+            slurm_partition=args.slurm_partition,
+            array_parallelism=max(args.array_parallelism, 1),
+            cpus_per_task=max(args.cpus_per_task, 1),
+            timeout_min=max(args.time_min, 1),
+            mem_gb=args.mem_gb,
+            retries=max(args.retries, 0),
+            jobs_per_task=max(args.cpus_per_task, 1),
+        )
+    if args.engine == "ray":
+        return RayEngine(
+            address=args.ray_address,
+            cpus_per_task=max(args.cpus_per_task, 1),
+            retries=max(args.retries, 0),
+        )
+    return LocalEngine(max(args.jobs, 1))
+
+
+def _print_report(report: PackReport, elapsed: float) -> None:
     for recording_id, reason in report.transcoded.items():
         print(f"cutfs pack: {recording_id}: {reason}", file=sys.stderr)
-    elapsed = time.monotonic() - started
     print(
         f"packed {report.recordings} recordings ({report.audio_seconds / 3600:.2f} h of audio, "
         f"{report.stored_bytes / 1e6:.1f} MB) and {report.cuts} cuts into {report.output_dir} "
         f"in {elapsed:.1f} s; {len(report.transcoded)} transcoded to FLAC"
     )
-    return ExitCode.OK
+
+
+def _pack_step(step: Callable[[], int]) -> int:
+    """Run one step of a pack; bad input and refusals become a message and status 1."""
+    try:
+        return step()
+    except CutfsError as exc:
+        print(f"cutfs pack: error: {exc}", file=sys.stderr)
+        return ExitCode.ERROR
+    except KeyboardInterrupt:
+        print("cutfs pack: interrupted", file=sys.stderr)
+        return 130
+
+
+def _pack_plan(args: argparse.Namespace) -> int:
+    def step() -> int:
+        output = open_pack_output(args.output)
+        try:
+            plan = make_plan(args.sources, output, args.shard_size)
+        finally:
+            output.close()
+        print(
+            f"planned {plan.partitions} partitions of {plan.recordings} recordings and "
+            f"{plan.cuts} cuts ({sum(plan.partition_bytes) / 1e9:.2f} GB of sources) in "
+            f"{args.output}"
+        )
+        print(plan.partitions)
+        return ExitCode.OK
+
+    return _pack_step(step)
+
+
+def _pack_run(args: argparse.Namespace) -> int:
+    def step() -> int:
+        output = open_pack_output(args.output)
+        try:
+            for partition in args.partition:
+                started = time.monotonic()
+                result = pack_partition(output, partition, jobs=max(args.jobs, 1))
+                what = (
+                    "already done"
+                    if result.skipped
+                    else f"packed in {time.monotonic() - started:.1f} s"
+                )
+                print(
+                    f"partition {partition}: {result.recordings} recordings, {result.cuts} "
+                    f"cuts, {result.audio_seconds / 3600:.2f} h into {result.shard['file']}; "
+                    f"{what}"
+                )
+        finally:
+            output.close()
+        return ExitCode.OK
+
+    return _pack_step(step)
+
+
+def _pack_commit(args: argparse.Namespace) -> int:
+    def step() -> int:
+        started = time.monotonic()
+        output = open_pack_output(args.output)
+        try:
+            report = commit_pack(output, keep_parts=args.keep_parts)
+        finally:
+            output.close()
+        if report.already_committed:
+            print(f"{args.output} is already committed ({report.cuts} cuts); nothing to do")
+        else:
+            _print_report(report, time.monotonic() - started)
+        return ExitCode.OK
+
+    return _pack_step(step)
+
+
+def _pack_status(args: argparse.Namespace) -> int:
+    def step() -> int:
+        output = open_pack_output(args.output)
+        try:
+            status = read_status(output)
+        finally:
+            output.close()
+        print("\n".join(status.lines()))
+        return ExitCode.OK
+
+    return _pack_step(step)
 
 
 class _Progress:
@@ -751,7 +1022,7 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def _manpage(args: argparse.Namespace) -> int:
-    print(render_manpage(_parser()), end="")
+    print(render_manpage(_parser(), {"pack": _pack_step_parser()}), end="")
     return ExitCode.OK
 
 

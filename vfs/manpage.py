@@ -29,8 +29,11 @@ the README, docs/operations.md (including the security model) and docs/design.md
 """
 
 
-def render_manpage(parser: argparse.ArgumentParser) -> str:
-    """The manual page, in roff, of ``parser`` and its subcommands."""
+def render_manpage(
+    parser: argparse.ArgumentParser, steps: dict[str, argparse.ArgumentParser] | None = None
+) -> str:
+    """The manual page, in roff, of ``parser`` and its subcommands; ``steps`` maps a
+    subcommand to a parser of its own subcommands (``cutfs pack plan``, ...)."""
     lines = [
         f'.TH CUTFS 1 "{_release_date()}" "cutfs {__version__}" "User Commands"',
         ".SH NAME",
@@ -38,6 +41,8 @@ def render_manpage(parser: argparse.ArgumentParser) -> str:
         ".SH SYNOPSIS",
     ]
     subcommands = _subcommands(parser)
+    for command, step_parser in (steps or {}).items():
+        subcommands += [(f"{command} {name}", step) for name, step in _subcommands(step_parser)]
     for name, subparser in subcommands:
         lines += [".PP", f".B cutfs {name}", _roff(_usage_tail(subparser))]
     lines += [".SH OPTIONS", *_options(parser)]

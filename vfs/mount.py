@@ -28,6 +28,7 @@ from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.mapped_table import release_mapped_pages
 from cutfs.codec.output_format import OutputFormat
+from cutfs.codec.pack_plan import refuse_uncommitted
 from cutfs.codec.remote_shards import is_remote, open_remote_shards
 from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.shard_set import ShardSet
@@ -142,6 +143,7 @@ def open_source(
             return library
         if not os.path.exists(source):
             raise SourceError("no such file or directory", where=source)
+        refuse_uncommitted(source)
         policy = policy or SourcePolicy.for_source(source)
         directory = prepare_index(source, cache_dir or default_cache_root(), policy)
         index = SourceIndex(directory, policy=policy)

@@ -1,0 +1,208 @@
+"""The last step of a pack: the partitions' tables merged, the manifest written last.
+
+``cutfs pack commit OUT`` checks that every partition of the plan is done
+(its ``done`` marker matches the plan, its shard is there with the recorded
+size, its partial tables hold the counts the marker records), concatenates
+the partial tables in partition order (recordings renumbered, shards
+numbered by partition already), writes the catalogue (recordings table, cuts
+table, file trees, Kaldi order) and then ``manifest.json``.  Until the
+manifest is written the output is not mountable; once it is, it is complete.
+The plan and the partial tables are then removed.
+
+Safe to rerun: an output that is already committed is reported, not written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cutfs.codec.catalogue_copy import CATALOGUE_FILES
+from cutfs.codec.errors import SourceError
+from cutfs.codec.mapped_table import release_mapped_pages
+from cutfs.codec.pack_output import PackOutput
+from cutfs.codec.pack_plan import PLAN_CUTS, PLAN_FILE, PLAN_RECORDINGS, PackPlan, read_plan
+from cutfs.codec.partition_packer import PartitionResult, finished_partition, part_name
+from cutfs.codec.shard_format import CUTS_SCHEMA, MANIFEST_FILE, RECORDINGS_SCHEMA
+from cutfs.codec.shard_writer import manifest_of, write_catalogue
+
+
+@dataclass
+class PackReport:
+    """What a pack wrote."""
+
+    output_dir: str
+    recordings: int = 0
+    cuts: int = 0
+    stored_bytes: int = 0
+    audio_seconds: float = 0.0
+    transcoded: dict[str, str] = field(default_factory=dict)  # recording id -> reason
+    #: True when the output was committed before and nothing was written.
+    already_committed: bool = False
+
+
+def commit_pack(output: PackOutput, *, keep_parts: bool = False) -> PackReport:
+    """Commit the pack in ``output`` (see the module docstring).
+
+    Raises :class:`SourceError` naming the partitions that are not done (or
+    not consistent) when the pack cannot be committed; nothing is written then.
+    """
+    if output.exists(MANIFEST_FILE) and not output.exists(PLAN_FILE):
+        return _committed_report(output)
+    plan = read_plan(output)
+    results = _finished(output, plan)
+    _check_shards(output, results)
+    recordings, cuts = _merged_tables(output, plan, results)
+    report = PackReport(
+        output.uri,
+        recordings=recordings.num_rows,
+        cuts=cuts.num_rows,
+        stored_bytes=sum(result.stored_bytes for result in results),
+        audio_seconds=sum(result.audio_seconds for result in results),
+        transcoded={k: v for result in results for k, v in result.transcoded.items()},
+    )
+    extra = {
+        "created_by": "cutfs",
+        "source": plan.source_kind,
+        "transcoded": len(report.transcoded),
+    }
+    manifest = manifest_of([result.shard for result in results], len(recordings), cuts, extra)
+    with output.scratch() as scratch:
+        write_catalogue(scratch, recordings, cuts)
+        del recordings, cuts
+        release_mapped_pages()
+        for name in CATALOGUE_FILES:
+            output.put_file(name, os.path.join(scratch, name))
+    output.write_small(MANIFEST_FILE, (json.dumps(manifest, indent=2) + "\n").encode())
+    if not keep_parts:
+        _remove_parts(output)
+    return report
+
+
+def missing_partitions_message(missing: list[int], partitions: int) -> str:
+    """``3 of 12 partitions are not done: 2, 5-6``: ranges, the first few."""
+    runs: list[str] = []
+    start = previous = missing[0]
+    for number in [*missing[1:], None]:
+        if number is not None and number == previous + 1:
+            previous = number
+            continue
+        runs.append(str(start) if start == previous else f"{start}-{previous}")
+        if number is not None:
+            start = previous = number
+    shown = ", ".join(runs[:10]) + (", ..." if len(runs) > 10 else "")
+    return f"{len(missing)} of {partitions} partitions are not done: {shown}"
+
+
+def _finished(output: PackOutput, plan: PackPlan) -> list[PartitionResult]:
+    present = output.sizes("_parts/part-")
+    results: list[PartitionResult | None] = []
+    for partition in range(plan.partitions):
+        if part_name(partition, "done.json") not in present:
+            results.append(None)
+            continue
+        results.append(finished_partition(output, plan, partition))
+    missing = [partition for partition, result in enumerate(results) if result is None]
+    if missing:
+        raise SourceError(
+            f"cannot commit: {missing_partitions_message(missing, plan.partitions)}; run "
+            "'cutfs pack run OUT --partition N' for each ('cutfs pack status OUT' shows why "
+            "they are not done)",
+            where=output.uri,
+        )
+    done = [result for result in results if result is not None]
+    for partition, result in enumerate(done):
+        if result.recordings != plan.partition_recordings[partition]:
+            raise SourceError(
+                f"cannot commit: partition {partition} packed {result.recordings} recordings, "
+                f"its plan lists {plan.partition_recordings[partition]}",
+                where=output.where(part_name(partition, "done.json")),
+            )
+    return done
+
+
+def _check_shards(output: PackOutput, results: list[PartitionResult]) -> None:
+    """Every partition's shard is there, of the size its run recorded."""
+    present = output.sizes("shard-")
+    for result in results:
+        name = result.shard["file"]
+        if present.get(name) != result.shard["bytes"]:
+            found = "missing" if name not in present else f"{present[name]} bytes"
+            raise SourceError(
+                f"cannot commit: the shard of partition {result.partition} is {found}, its run "
+                f"wrote {result.shard['bytes']} bytes; rerun the partition after removing "
+                f"{part_name(result.partition, 'done.json')}",
+                where=output.where(name),
+            )
+
+
+def _merged_tables(
+    output: PackOutput, plan: PackPlan, results: list[PartitionResult]
+) -> tuple[pa.Table, pa.Table]:
+    """The partitions' recordings and cuts tables, concatenated, cuts renumbered."""
+    recordings: list[pa.Table] = []
+    cuts: list[pa.Table] = []
+    first_recording = 0
+    for result in results:
+        name = part_name(result.partition, "recordings.arrow")
+        part_recordings = _part_table(output, name, RECORDINGS_SCHEMA, result.recordings)
+        shards = part_recordings.column("shard")
+        if len(shards) and pc.any(pc.not_equal(shards, result.partition)).as_py():
+            raise SourceError("names a shard of another partition", where=output.where(name))
+        name = part_name(result.partition, "cuts.arrow")
+        part_cuts = _part_table(output, name, CUTS_SCHEMA, result.cuts)
+        numbers = part_cuts.column("recording")
+        if len(numbers) and (
+            pc.min(numbers).as_py() < 0 or pc.max(numbers).as_py() >= result.recordings
+        ):
+            raise SourceError("names recordings outside its partition", where=output.where(name))
+        index = part_cuts.schema.get_field_index("recording")
+        renumbered = pc.add(numbers, pa.scalar(first_recording, pa.int32()))
+        cuts.append(part_cuts.set_column(index, "recording", renumbered))
+        recordings.append(part_recordings)
+        first_recording += result.recordings
+    return pa.concat_tables(recordings), pa.concat_tables(cuts)
+
+
+def _part_table(output: PackOutput, name: str, schema: pa.Schema, rows: int) -> pa.Table:
+    reader = output.open_table(name)
+    try:
+        table = reader.read_all()
+    except pa.ArrowException as exc:
+        raise SourceError(f"cannot read: {exc}", where=output.where(name)) from exc
+    if not table.schema.equals(schema) or table.num_rows != rows:
+        raise SourceError(
+            f"holds {table.num_rows} rows of another layout than its done marker records",
+            where=output.where(name),
+        )
+    return table
+
+
+def _remove_parts(output: PackOutput) -> None:
+    # The plan description first: a rerun that finds the manifest and no plan reports the
+    # commit done, whatever of the rest a crash left behind.
+    for name in (PLAN_FILE, PLAN_RECORDINGS, PLAN_CUTS):
+        output.remove(name)
+    output.remove("_plan")
+    for name in sorted(output.sizes("_parts/")):
+        output.remove(name)
+    output.remove("_parts")
+
+
+def _committed_report(output: PackOutput) -> PackReport:
+    try:
+        manifest = json.loads(output.read_small(MANIFEST_FILE))
+        return PackReport(
+            output.uri,
+            recordings=int(manifest["recordings"]),
+            cuts=int(manifest["cuts"]),
+            already_committed=True,
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SourceError(
+            f"not a cutfs manifest: {exc}", where=output.where(MANIFEST_FILE)
+        ) from exc

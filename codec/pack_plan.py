@@ -1,0 +1,378 @@
+"""The plan of a partitioned pack: which recordings and cuts each partition packs.
+
+``cutfs pack plan`` reads the sources once, checks them, and splits the
+recordings, in input order, into partitions of about one shard's worth of
+source bytes each (a partition is closed once it holds ``max_shard_bytes``
+or more, so it exceeds that by at most one recording).  Each partition later
+becomes exactly one shard, ``shard-NNNNN.arrow`` with N the partition number,
+whichever engine runs it and in whichever order: the plan alone decides the
+output, byte for byte.
+
+Layout under the output (local directory or object-storage prefix)::
+
+    _plan/recordings.arrow   one record batch per partition: its recordings
+    _plan/cuts.arrow         one record batch per partition: its cuts
+    _plan/plan.json          written last: counts, options, a digest of both tables
+
+A partition run reads only its two batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cutfs.codec.errors import SourceError
+from cutfs.codec.pack_output import PackOutput
+from cutfs.codec.shard_format import MANIFEST_FILE
+from cutfs.codec.sources import SourceCatalogue, SourceRecording, read_source
+from cutfs.codec.sources.catalogue import CUT_COLUMNS_SCHEMA, DeclaredAudio
+
+PLAN_FILE: Final = "_plan/plan.json"
+PLAN_RECORDINGS: Final = "_plan/recordings.arrow"
+PLAN_CUTS: Final = "_plan/cuts.arrow"
+PLAN_VERSION: Final = 1
+#: Partitions a plan may have (far more than any cluster runs at once).
+MAX_PARTITIONS: Final = 10_000_000
+#: What a recording whose size cannot be known before it is made (a command's output,
+#: a Parquet cell) counts for when partitions are balanced.
+UNKNOWN_SIZE_BYTES: Final = 1 << 20
+
+PLAN_RECORDINGS_SCHEMA: Final = pa.schema(
+    [
+        ("recording_id", pa.string()),
+        ("path", pa.string()),
+        ("command", pa.string()),
+        ("described_in", pa.string()),
+        ("offset_bytes", pa.int64()),
+        ("length_bytes", pa.int64()),
+        ("parquet_column", pa.string()),
+        ("declared_sample_rate", pa.int64()),
+        ("declared_channels", pa.int64()),
+        ("declared_frames", pa.int64()),
+        ("planned_bytes", pa.int64()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    """What ``_plan/plan.json`` says (see the module docstring)."""
+
+    version: int
+    digest: str
+    source_kind: str
+    max_shard_bytes: int
+    recordings: int
+    cuts: int
+    #: Per partition: recordings, source bytes, and declared seconds of audio (what the
+    #: sources' manifests say; 0 where they say nothing).
+    partition_recordings: tuple[int, ...]
+    partition_bytes: tuple[int, ...]
+    partition_seconds: tuple[float, ...]
+
+    @property
+    def partitions(self) -> int:
+        return len(self.partition_recordings)
+
+    def to_json(self) -> bytes:
+        return (json.dumps(asdict(self), indent=1) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> PackPlan:
+        """Read and range-check a plan description; :class:`SourceError` if it is not one."""
+        try:
+            fields = json.loads(data)
+            plan = cls(
+                version=int(fields["version"]),
+                digest=str(fields["digest"]),
+                source_kind=str(fields["source_kind"]),
+                max_shard_bytes=int(fields["max_shard_bytes"]),
+                recordings=int(fields["recordings"]),
+                cuts=int(fields["cuts"]),
+                partition_recordings=tuple(int(n) for n in fields["partition_recordings"]),
+                partition_bytes=tuple(int(n) for n in fields["partition_bytes"]),
+                partition_seconds=tuple(float(n) for n in fields["partition_seconds"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SourceError(f"not a cutfs pack plan: {exc}", where=where) from exc
+        if plan.version != PLAN_VERSION:
+            raise SourceError(f"plan version {plan.version}, expected {PLAN_VERSION}", where=where)
+        counts = (plan.partition_recordings, plan.partition_bytes, plan.partition_seconds)
+        if (
+            not 0 < plan.partitions <= MAX_PARTITIONS
+            or len({len(column) for column in counts}) != 1
+            or min(plan.partition_recordings) < 1
+            or sum(plan.partition_recordings) != plan.recordings
+            or min(plan.partition_bytes) < 0
+            or not all(math.isfinite(s) and s >= 0 for s in plan.partition_seconds)
+            or plan.cuts < 0
+            or plan.max_shard_bytes <= 0
+        ):
+            raise SourceError("the plan's counts are inconsistent", where=where)
+        return plan
+
+
+def make_plan(sources: list[str], output: PackOutput, max_shard_bytes: int) -> PackPlan:
+    """Read ``sources``, check them, and write the plan of packing them into ``output``.
+
+    Safe to rerun: when ``output`` already holds the same plan it is kept as it
+    is (partitions already packed stay valid).  Raises :class:`SourceError` for
+    bad input, and when ``output`` holds a shard directory or the plan of other
+    sources or options.
+    """
+    if max_shard_bytes <= 0:
+        raise SourceError("the shard size must be positive", where=output.uri)
+    if output.exists(MANIFEST_FILE):
+        raise SourceError(
+            "already holds a shard directory; choose a new output or remove it",
+            where=output.uri,
+        )
+    catalogue = read_source(sources)
+    check_recordings_exist(catalogue)
+    recordings = _recordings_table(catalogue.recordings)
+    partition_of = _partitions(recordings.column("planned_bytes").to_numpy(), max_shard_bytes)
+    cuts = _cuts_by_partition(catalogue, partition_of)
+    with output.scratch() as scratch:
+        digest = hashlib.sha256(f"{PLAN_VERSION} {max_shard_bytes}".encode())
+        recordings_path = _write_batches(scratch, recordings, partition_of, digest)
+        cut_partitions = partition_of[_recording_positions(catalogue, cuts)]
+        cuts_path = _write_batches(scratch, cuts, cut_partitions, digest, int(partition_of[-1]) + 1)
+        plan = _summary(catalogue, recordings, partition_of, max_shard_bytes, digest.hexdigest())
+        if output.exists(PLAN_FILE):
+            existing = read_plan(output)
+            if existing.digest == plan.digest:
+                return existing
+            raise SourceError(
+                "already holds the plan of other sources or options; choose a new output, or "
+                "remove it to plan again",
+                where=output.uri,
+            )
+        output.put_file(PLAN_RECORDINGS, recordings_path)
+        output.put_file(PLAN_CUTS, cuts_path)
+    output.write_small(PLAN_FILE, plan.to_json())
+    return plan
+
+
+def read_plan(output: PackOutput) -> PackPlan:
+    """The plan of ``output``; :class:`SourceError` when there is none."""
+    if not output.exists(PLAN_FILE):
+        raise SourceError("holds no pack plan: run 'cutfs pack plan' first", where=output.uri)
+    return PackPlan.from_json(output.read_small(PLAN_FILE), output.where(PLAN_FILE))
+
+
+def partition_inputs(
+    output: PackOutput, plan: PackPlan, partition: int
+) -> tuple[list[SourceRecording], pa.Table]:
+    """The recordings and cuts (a table of :data:`CUT_COLUMNS_SCHEMA`) of one partition,
+    read from its record batches alone."""
+    if not 0 <= partition < plan.partitions:
+        raise SourceError(
+            f"no partition {partition}: the plan has {plan.partitions} (0 to "
+            f"{plan.partitions - 1})",
+            where=output.uri,
+        )
+    recordings = _batch(output, PLAN_RECORDINGS, PLAN_RECORDINGS_SCHEMA, plan, partition)
+    cuts = _batch(output, PLAN_CUTS, CUT_COLUMNS_SCHEMA, plan, partition)
+    if recordings.num_rows != plan.partition_recordings[partition]:
+        raise SourceError(
+            f"partition {partition} lists {recordings.num_rows} recordings, the plan "
+            f"{plan.partition_recordings[partition]}",
+            where=output.where(PLAN_RECORDINGS),
+        )
+    return [_source_recording(row) for row in recordings.to_pylist()], pa.Table.from_batches([cuts])
+
+
+def refuse_uncommitted(directory: str) -> None:
+    """Refuse a local directory holding a pack that is not committed: it holds shards, but
+    nothing may serve them before the manifest says they are complete."""
+    if os.path.exists(os.path.join(directory, PLAN_FILE)) and not os.path.exists(
+        os.path.join(directory, MANIFEST_FILE)
+    ):
+        raise SourceError(
+            "holds a pack that is not committed: not mountable until 'cutfs pack commit' "
+            "(see 'cutfs pack status')",
+            where=directory,
+        )
+
+
+def check_recordings_exist(catalogue: SourceCatalogue) -> None:
+    """Refuse a catalogue naming audio files that are not there (before any work is done)."""
+    for recording in catalogue.recordings:
+        if recording.path is not None and not os.path.isfile(recording.path):
+            raise SourceError(
+                f"recording {recording.recording_id!r}: audio file not found: {recording.path}",
+                where=recording.described_in,
+            )
+
+
+def _planned_bytes(recording: SourceRecording) -> int:
+    """The source bytes a recording brings to its shard, as far as they are known now."""
+    if recording.command is not None or recording.parquet_column is not None:
+        declared = recording.declared
+        if declared is not None:
+            return declared.num_frames * declared.channels * 2
+        return UNKNOWN_SIZE_BYTES
+    if recording.length_bytes is not None:
+        return recording.length_bytes
+    assert recording.path is not None
+    return max(os.path.getsize(recording.path) - recording.offset_bytes, 0)
+
+
+def _recordings_table(recordings: list[SourceRecording]) -> pa.Table:
+    declared = [recording.declared for recording in recordings]
+    return pa.table(
+        {
+            "recording_id": [r.recording_id for r in recordings],
+            "path": [r.path for r in recordings],
+            "command": [r.command for r in recordings],
+            "described_in": [r.described_in for r in recordings],
+            "offset_bytes": [r.offset_bytes for r in recordings],
+            "length_bytes": [r.length_bytes for r in recordings],
+            "parquet_column": [r.parquet_column for r in recordings],
+            "declared_sample_rate": [d.sample_rate if d else None for d in declared],
+            "declared_channels": [d.channels if d else None for d in declared],
+            "declared_frames": [d.num_frames if d else None for d in declared],
+            "planned_bytes": [_planned_bytes(r) for r in recordings],
+        },
+        schema=PLAN_RECORDINGS_SCHEMA,
+    )
+
+
+def _partitions(planned_bytes: np.ndarray, max_shard_bytes: int) -> np.ndarray:
+    """Each recording's partition: in order, a new one once the last holds
+    ``max_shard_bytes`` or more."""
+    partition_of = np.empty(len(planned_bytes), dtype=np.int64)
+    partition, held = 0, 0
+    for row, size in enumerate(planned_bytes.tolist()):
+        if held >= max_shard_bytes:
+            partition, held = partition + 1, 0
+        partition_of[row] = partition
+        held += size
+    if partition + 1 > MAX_PARTITIONS:
+        raise SourceError(
+            f"{partition + 1} partitions is more than {MAX_PARTITIONS}: choose a larger "
+            "--shard-size"
+        )
+    return partition_of
+
+
+def _recording_positions(catalogue: SourceCatalogue, cuts: pa.Table) -> np.ndarray:
+    ids = pa.array([recording.recording_id for recording in catalogue.recordings], pa.string())
+    positions = pc.index_in(cuts.column("recording_id"), value_set=ids)
+    return np.asarray(positions.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _cuts_by_partition(catalogue: SourceCatalogue, partition_of: np.ndarray) -> pa.Table:
+    """The cuts, grouped by partition and in input order within each (unsorted when the
+    input lists its cuts in recording order, as nearly every input does)."""
+    cuts = catalogue.cuts.table()
+    cut_partitions = partition_of[_recording_positions(catalogue, cuts)]
+    if len(cut_partitions) and not bool(np.all(np.diff(cut_partitions) >= 0)):
+        cuts = cuts.take(pa.array(np.argsort(cut_partitions, kind="stable")))
+    return cuts
+
+
+def _write_batches(
+    scratch: str,
+    table: pa.Table,
+    partition_of_row: np.ndarray,
+    digest: Any,
+    partitions: int | None = None,
+) -> str:
+    """Write ``table`` (rows grouped by partition) with one record batch per partition,
+    hashing what is written into ``digest``; returns the file's path."""
+    count = int(partition_of_row.max()) + 1 if partitions is None else partitions
+    edges = np.searchsorted(partition_of_row, np.arange(count + 1), side="left")
+    path = os.path.join(scratch, f"plan-{len(os.listdir(scratch))}.arrow")
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        for partition in range(count):
+            start, stop = int(edges[partition]), int(edges[partition + 1])
+            part = table.slice(start, stop - start).combine_chunks()
+            writer.write_batch(
+                part.to_batches()[0] if part.num_rows else _empty_batch(table.schema)
+            )
+    with open(path, "rb") as written:
+        for block in iter(lambda: written.read(1 << 20), b""):
+            digest.update(block)
+    return path
+
+
+def _empty_batch(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=schema)
+
+
+def _summary(
+    catalogue: SourceCatalogue,
+    recordings: pa.Table,
+    partition_of: np.ndarray,
+    max_shard_bytes: int,
+    digest: str,
+) -> PackPlan:
+    count = int(partition_of.max()) + 1
+    planned = np.asarray(recordings.column("planned_bytes").to_numpy(), dtype=np.int64)
+    seconds = [
+        d.num_frames / d.sample_rate if d is not None and d.sample_rate > 0 else 0.0
+        for d in (recording.declared for recording in catalogue.recordings)
+    ]
+    return PackPlan(
+        version=PLAN_VERSION,
+        digest=digest,
+        source_kind=catalogue.kind,
+        max_shard_bytes=max_shard_bytes,
+        recordings=len(catalogue.recordings),
+        cuts=len(catalogue.cuts),
+        partition_recordings=tuple(np.bincount(partition_of, minlength=count).tolist()),
+        partition_bytes=tuple(
+            np.bincount(partition_of, weights=planned, minlength=count).astype(np.int64).tolist()
+        ),
+        partition_seconds=tuple(
+            round(s, 3) for s in np.bincount(partition_of, weights=seconds, minlength=count)
+        ),
+    )
+
+
+def _batch(
+    output: PackOutput, name: str, schema: pa.Schema, plan: PackPlan, partition: int
+) -> pa.RecordBatch:
+    reader = output.open_table(name)
+    if reader.num_record_batches != plan.partitions or not reader.schema.equals(schema):
+        raise SourceError(
+            f"does not match the plan ({reader.num_record_batches} batches for "
+            f"{plan.partitions} partitions)",
+            where=output.where(name),
+        )
+    try:
+        return reader.get_batch(partition)
+    except pa.ArrowException as exc:
+        raise SourceError(
+            f"cannot read partition {partition}: {exc}", where=output.where(name)
+        ) from exc
+
+
+def _source_recording(row: dict[str, Any]) -> SourceRecording:
+    declared = None
+    if row["declared_sample_rate"] is not None:
+        declared = DeclaredAudio(
+            int(row["declared_sample_rate"]),
+            int(row["declared_channels"]),
+            int(row["declared_frames"]),
+        )
+    return SourceRecording(
+        recording_id=row["recording_id"],
+        path=row["path"],
+        command=row["command"],
+        described_in=row["described_in"],
+        offset_bytes=int(row["offset_bytes"]),
+        length_bytes=row["length_bytes"],
+        declared=declared,
+        parquet_column=row["parquet_column"],
+    )
