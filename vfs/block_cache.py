@@ -14,7 +14,9 @@ from cachetools import LRUCache
 
 from cutfs.codec.pcm import Int16Array
 
-DEFAULT_BLOCK_FRAMES: Final = 1 << 15
+#: 8 192 frames (0.5 s at 16 kHz): a cold cut decodes at most one block's worth past each of
+#: its ends (a 10 s cut: about 5% more than asked on average, against 20% with 32 768).
+DEFAULT_BLOCK_FRAMES: Final = 1 << 13
 
 BlockKey = tuple[int, int]  # (recording index, block number)
 

@@ -22,8 +22,8 @@ from cutfs.vfs.block_cache import BlockCache, BlockKey
 from cutfs.vfs.decode_pool import DecodeDeadlineError, DecodePool
 from cutfs.vfs.statistics import Statistics
 
-#: The most blocks decoded ahead of a read (48 blocks of 32 768 frames: 98 s at 16 kHz).
-MAX_READAHEAD_BLOCKS = 48
+#: The most frames decoded ahead of a read, in one pass (98 s at 16 kHz).
+MAX_READAHEAD_FRAMES = 48 << 15
 
 
 class FrameSource:
@@ -91,7 +91,7 @@ class FrameSource:
         """Frames ``[first, end)`` of a recording as int16 (frames, channels).
 
         When blocks must be decoded, the decode goes on past ``end`` up to
-        ``readahead_end`` (at most ``MAX_READAHEAD_BLOCKS`` blocks), filling the
+        ``readahead_end`` (at most ``MAX_READAHEAD_FRAMES``), filling the
         cache for the reads that follow: a cut is decoded in one pass from one
         seek point instead of once per kernel read.
 
@@ -190,7 +190,8 @@ class FrameSource:
         """Blocks after ``last_missing`` worth decoding in the same pass."""
         block_frames = self._cache.block_frames
         stop = min(readahead_end, recording.frame_limit)
-        last = min(-(-stop // block_frames), last_missing + 1 + MAX_READAHEAD_BLOCKS)
+        most = max(MAX_READAHEAD_FRAMES // block_frames, 1)
+        last = min(-(-stop // block_frames), last_missing + 1 + most)
         extra = []
         for number in range(last_missing + 1, last):
             key = (recording_index, number)
