@@ -108,10 +108,12 @@ def _finished(output: PackOutput, plan: PackPlan) -> list[PartitionResult]:
         results.append(finished_partition(output, plan, partition))
     missing = [partition for partition, result in enumerate(results) if result is None]
     if missing:
+        listed = ",".join(str(partition) for partition in missing[:20])
+        more = " (and the rest)" if len(missing) > 20 else ""
         raise SourceError(
             f"cannot commit: {missing_partitions_message(missing, plan.partitions)}; run "
-            "'cutfs pack run OUT --partition N' for each ('cutfs pack status OUT' shows why "
-            "they are not done)",
+            f"'cutfs pack run {output.uri} --partition {listed}'{more}, then commit again "
+            f"('cutfs pack status {output.uri}' shows why they are not done)",
             where=output.uri,
         )
     done = [result for result in results if result is not None]
