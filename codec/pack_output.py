@@ -24,6 +24,9 @@ from cutfs.codec.object_store import ObjectLocation, ObjectStore, ObjectStoreErr
 
 #: A marker or plan description larger than this was not written by cutfs.
 MAX_SMALL_FILE_BYTES: Final = 64 << 20
+#: What a pack writes locally is readable by all and writable by its owner only, whatever
+#: the umask: a plan others could change would make a run read or run what they chose.
+_FILE_MODE: Final = 0o644
 _T = TypeVar("_T")
 
 
@@ -63,6 +66,12 @@ class PackOutput(Protocol):
     def open_table(self, name: str) -> pa.ipc.RecordBatchFileReader:
         """An Arrow IPC file, opened for reading single record batches: a batch read
         fetches only that batch's bytes (a map locally, ranged GETs in object storage)."""
+        ...
+
+    def check_trusted(self, name: str) -> None:
+        """Refuse file ``name`` when someone other than this user could have written it
+        (a local file owned by another user, or writable by its group or others); object
+        storage is governed by the bucket's own access rules."""
         ...
 
     def scratch(self) -> contextlib.AbstractContextManager[str]:
@@ -114,6 +123,7 @@ class LocalPackOutput:
         try:
             with open(partial, "wb") as file:
                 file.write(data)
+                os.fchmod(file.fileno(), _FILE_MODE)
             os.replace(partial, path)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -122,8 +132,22 @@ class LocalPackOutput:
     def put_file(self, name: str, path: str) -> str:
         target = self.path(name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.chmod(path, _FILE_MODE)
         os.replace(path, target)  # the scratch directory is on the same file system
         return ""
+
+    def check_trusted(self, name: str) -> None:
+        try:
+            status = os.stat(self.path(name))
+        except OSError as exc:
+            raise SourceError(f"cannot read: {exc.strerror}", where=self.where(name)) from exc
+        if status.st_uid not in (os.geteuid(), 0) or status.st_mode & 0o022:
+            raise SourceError(
+                "could have been written by another user (owned by uid "
+                f"{status.st_uid}, mode {status.st_mode & 0o777:o}): a plan names the files "
+                "a run reads and the commands it runs, so only its owner's plans are run",
+                where=self.where(name),
+            )
 
     def sizes(self, prefix: str) -> dict[str, int]:
         folder, _, start = prefix.rpartition("/")
@@ -198,6 +222,9 @@ class ObjectPackOutput:
 
     def remove(self, name: str) -> None:
         self._checked(name, lambda: self.store.delete(name))
+
+    def check_trusted(self, name: str) -> None:
+        pass
 
     def open_table(self, name: str) -> pa.ipc.RecordBatchFileReader:
         self.store.forget(name)

@@ -176,6 +176,23 @@ def test_plan_refuses_other_sources_in_a_planned_output(
     )
 
 
+def test_a_run_refuses_a_plan_others_could_have_changed(
+    lhotse_manifests: list[str], tmp_path: Path
+) -> None:
+    output = tmp_path / "out"
+    _plan(lhotse_manifests, str(output))
+    plan = output / "_plan" / "recordings.arrow"
+    assert plan.stat().st_mode & 0o777 == 0o644  # whatever the umask
+    plan.chmod(0o664)  # a group member could now name other files, or commands, to run
+    refused = _cutfs("pack", "run", str(output), "--partition", "0", check=False)
+    assert refused.returncode == 1
+    assert "could have been written by another user" in refused.stderr
+    assert not (output / "shard-00000.arrow").exists()
+    plan.chmod(0o644)
+    _cutfs("pack", "run", str(output), "--partition", "0")
+    assert (output / "shard-00000.arrow").exists()
+
+
 @pytest.mark.slow
 def test_the_slurm_engine_through_submitit_gives_the_one_process_pack(
     lhotse_manifests: list[str], shard_dir: str, tmp_path: Path
