@@ -46,7 +46,7 @@ from cutfs.codec.pack_plan import PackPlan, partition_inputs, read_plan
 from cutfs.codec.pack_progress import PackProgress, ProgressCallback
 from cutfs.codec.recording import Recording
 from cutfs.codec.recording_indexer import IndexedRecording, index_recording
-from cutfs.codec.shard_format import CUTS_SCHEMA, write_table
+from cutfs.codec.shard_format import CUTS_SCHEMA, shard_file_name, write_table
 from cutfs.codec.shard_writer import ShardWriter
 from cutfs.codec.sources import SourceRecording
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
@@ -110,6 +110,11 @@ class PartitionResult:
             raise SourceError(f"not a partition's done marker: {exc}", where=where) from exc
         if min(result.recordings, result.cuts, result.stored_bytes, result.shard["bytes"]) < 0:
             raise SourceError("negative counts in a done marker", where=where)
+        if result.shard["file"] != shard_file_name(result.partition):
+            # The name goes into the manifest: only the partition's own shard may be named.
+            raise SourceError(
+                f"names shard {result.shard['file']!r}, not its partition's", where=where
+            )
         return result
 
 

@@ -5,6 +5,7 @@ one-process pack of the ``shard_dir`` fixture (the same sources, 8 MiB shards)."
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -135,6 +136,14 @@ def test_commit_refuses_an_incomplete_set_and_names_the_missing_partitions(
     mount = _cutfs("mount", output, str(tmp_path / "mnt"), "--foreground", check=False)
     assert mount.returncode == 3, mount.stderr
     assert "not mountable until 'cutfs pack commit'" in mount.stderr
+    # A done marker naming another file as its shard would put that name in the manifest.
+    marker = tmp_path / "out" / "_parts" / "part-000000.done.json"
+    fields = json.loads(marker.read_text())
+    fields["shard"]["file"] = "../elsewhere.arrow"
+    marker.write_text(json.dumps(fields))
+    tampered = _cutfs("pack", "commit", output, check=False)
+    assert tampered.returncode == 1
+    assert "names shard '../elsewhere.arrow', not its partition's" in tampered.stderr
 
 
 def test_a_partition_with_bad_audio_fails_alone_with_its_error_in_the_status(
