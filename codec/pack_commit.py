@@ -26,7 +26,7 @@ from cutfs.codec.errors import SourceError
 from cutfs.codec.mapped_table import release_mapped_pages
 from cutfs.codec.pack_output import PackOutput
 from cutfs.codec.pack_plan import PLAN_CUTS, PLAN_FILE, PLAN_RECORDINGS, PackPlan, read_plan
-from cutfs.codec.partition_packer import PartitionResult, finished_partition, part_name
+from cutfs.codec.partition_packer import PartitionResult, finished_partitions, part_name
 from cutfs.codec.shard_format import CUTS_SCHEMA, MANIFEST_FILE, RECORDINGS_SCHEMA
 from cutfs.codec.shard_writer import manifest_of, write_catalogue
 
@@ -99,13 +99,7 @@ def missing_partitions_message(missing: list[int], partitions: int) -> str:
 
 
 def _finished(output: PackOutput, plan: PackPlan) -> list[PartitionResult]:
-    present = output.sizes("_parts/part-")
-    results: list[PartitionResult | None] = []
-    for partition in range(plan.partitions):
-        if part_name(partition, "done.json") not in present:
-            results.append(None)
-            continue
-        results.append(finished_partition(output, plan, partition))
+    results = finished_partitions(output, plan)
     missing = [partition for partition, result in enumerate(results) if result is None]
     if missing:
         listed = ",".join(str(partition) for partition in missing[:20])

@@ -31,7 +31,7 @@ from cutfs.codec.pack_progress import PackProgress, ProgressCallback
 from cutfs.codec.pack_status import failure, read_status
 from cutfs.codec.partition_packer import (
     PartitionResult,
-    finished_partition,
+    finished_partitions,
     pack_partition,
     run_partition_task,
 )
@@ -64,10 +64,10 @@ class _Tally:
         self.recordings = 0
         self.stored_bytes = 0
         self.audio_seconds = 0.0
-        for partition in range(plan.partitions):
-            done = finished_partition(output, plan, partition) if on_progress else None
-            if done is not None:
-                self.add(done)
+        if on_progress is not None:
+            for done in finished_partitions(output, plan):
+                if done is not None:
+                    self.add(done)
 
     def add(self, result: PartitionResult) -> None:
         self.recordings += result.recordings

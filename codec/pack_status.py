@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from cutfs.codec.errors import SourceError
 from cutfs.codec.pack_output import PackOutput
 from cutfs.codec.pack_plan import PLAN_FILE, PackPlan, read_plan
-from cutfs.codec.partition_packer import finished_partition, part_name
+from cutfs.codec.partition_packer import finished_partitions, part_name
 from cutfs.codec.shard_format import MANIFEST_FILE
 
 
@@ -104,10 +104,7 @@ def read_status(output: PackOutput) -> PackStatus:
     status.planned_bytes = sum(plan.partition_bytes)
     present = output.sizes("_parts/part-")
     first_start, last_end = float("inf"), 0.0
-    for partition in range(plan.partitions):
-        result = None
-        if part_name(partition, "done.json") in present:
-            result = finished_partition(output, plan, partition)
+    for partition, result in enumerate(finished_partitions(output, plan)):
         if result is not None:
             status.done.append(partition)
             status.audio_seconds_done += result.audio_seconds

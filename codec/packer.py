@@ -27,7 +27,7 @@ from cutfs.codec.pack_engines import LocalEngine, PackEngine
 from cutfs.codec.pack_output import LocalPackOutput, PackOutput, open_pack_output
 from cutfs.codec.pack_plan import make_plan
 from cutfs.codec.pack_progress import PackProgress, ProgressCallback
-from cutfs.codec.partition_packer import finished_partition
+from cutfs.codec.partition_packer import finished_partitions
 from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
 
 __all__ = ["PackProgress", "PackReport", "ProgressCallback", "pack", "pack_in_place"]
@@ -102,8 +102,8 @@ def _pack_steps(
     plan = make_plan(sources, output, max_shard_bytes)
     todo = [
         partition
-        for partition in range(plan.partitions)
-        if finished_partition(output, plan, partition) is None
+        for partition, done in enumerate(finished_partitions(output, plan))
+        if done is None
     ]
     engine.run(output, plan, todo, on_progress)
     report = commit_pack(output)

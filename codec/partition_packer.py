@@ -27,7 +27,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from typing import Any, Final
@@ -51,6 +51,8 @@ from cutfs.codec.shard_writer import ShardWriter
 from cutfs.codec.sources import SourceRecording
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 
+#: Markers read at once by :func:`finished_partitions`.
+_MARKER_READERS: Final = 16
 #: A partition's shard is never split: it holds all of the partition's recordings.
 _ONE_SHARD: Final = 1 << 62
 
@@ -129,6 +131,20 @@ def finished_partition(
     if result.digest != plan.digest or result.partition != partition:
         return None  # left by a plan since replaced
     return result
+
+
+def finished_partitions(output: PackOutput, plan: PackPlan) -> list[PartitionResult | None]:
+    """:func:`finished_partition` of every partition: one listing, then the ``done``
+    markers there, read a few at once (in object storage each is a GET)."""
+    present = output.sizes("_parts/part-")
+    done = [p for p in range(plan.partitions) if part_name(p, "done.json") in present]
+    results: list[PartitionResult | None] = [None] * plan.partitions
+    with ThreadPoolExecutor(max_workers=_MARKER_READERS) as readers:
+        for partition, result in zip(
+            done, readers.map(lambda p: finished_partition(output, plan, p), done), strict=True
+        ):
+            results[partition] = result
+    return results
 
 
 def pack_partition(
