@@ -337,6 +337,30 @@ class ObjectStore:
         with self._pins_lock:
             self._pins.pop(name, None)
 
+    def delete_many(self, names: Sequence[str]) -> None:
+        """Remove the objects ``names``, up to 1 000 per request (absent ones are no error)."""
+        for first in range(0, len(names), 1000):
+            batch = names[first : first + 1000]
+            reply = self._call(
+                batch[0],
+                "delete_objects",
+                Bucket=self.location.bucket,
+                Delete={
+                    "Objects": [{"Key": self.location.key(name)} for name in batch],
+                    "Quiet": True,
+                },
+            )
+            failed = reply.get("Errors", [])
+            if failed:
+                raise ObjectStoreError(
+                    f"delete_objects failed for {len(failed)} objects: "
+                    f"{failed[0].get('Code', '')} {failed[0].get('Message', '')}".strip(),
+                    where=self._where(batch[0]),
+                )
+        with self._pins_lock:
+            for name in names:
+                self._pins.pop(name, None)
+
     def forget(self, name: str) -> None:
         """Drop the pinned version of ``name``: the next read pins the object anew."""
         with self._pins_lock:
