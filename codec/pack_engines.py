@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any, Final, Protocol
@@ -124,7 +124,7 @@ class LocalEngine:
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
                     partition = running.pop(future)
-                    if _failed(future):
+                    if future.exception() is not None:
                         failed.append(partition)
                         continue
                     tally.add(_result_of(future.result()))
@@ -257,10 +257,6 @@ class RayEngine:
             if started_here:
                 ray.shutdown()
         _raise_for(output, plan, sorted(failed))
-
-
-def _failed(future: Future[dict[str, Any]]) -> bool:
-    return future.exception() is not None
 
 
 def _result_of(fields: dict[str, Any]) -> PartitionResult:
