@@ -219,6 +219,15 @@ def _parser() -> argparse.ArgumentParser:
         help="decoder processes; 0 decodes in threads (default: cores, at most 4)",
     )
     mount_parser.add_argument(
+        "--serving-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes answering the mount's requests, each with its own event loop; "
+        "more serve more requests a second on many cores (default 1; workers and "
+        "cache size are split among them)",
+    )
+    mount_parser.add_argument(
         "--read-timeout",
         type=float,
         default=DEFAULT_DEADLINE_SECONDS,
@@ -758,6 +767,7 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
         "command_timeout": ("command_timeout", float),
         "index_cache_size": ("index_cache_size", _size),
         "disk_cache_size": ("disk_cache_size", _size),
+        "serving_processes": ("serving_processes", int),
     }
     for group in args.options:
         for option in filter(None, (part.strip() for part in group.split(","))):
@@ -819,6 +829,7 @@ def _mount(args: argparse.Namespace) -> int:
         cache_quota_bytes=args.index_cache_size,
         user=args.user,
         disk_cache_bytes=args.disk_cache_size,
+        serving_processes=args.serving_processes,
     )
     ready_fd: int | None = args.ready_fd
 

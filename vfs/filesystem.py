@@ -113,9 +113,12 @@ class Filesystem:
         windows: Windows | None = None,
         output_format: OutputFormat | None = None,
         metrics: Callable[[], bytes] | None = None,
+        shared_spans: str | None = None,
     ) -> None:
         """``status`` renders ``.cutfs/stats`` (JSON) and ``metrics`` ``.cutfs/metrics``
-        (Prometheus' text format); without ``status`` there is no ``.cutfs``."""
+        (Prometheus' text format); without ``status`` there is no ``.cutfs``.
+        ``shared_spans`` is the time-range table shared by the processes serving the
+        mount, if several do (see :class:`cutfs.vfs.span_table.SharedSpanTable`)."""
         self._library = library
         self._format = output_format or OutputFormat()
         self._frames = frame_source
@@ -129,7 +132,7 @@ class Filesystem:
             self._index_all,
             with_audiofolder=library.num_cuts > 0,
         )
-        self._recordings = RecordingsView(library, recording_tree, self._shape)
+        self._recordings = RecordingsView(library, recording_tree, self._shape, shared_spans)
         views: list[View] = [
             CutsView(library, cut_tree, manifests.cut_directory_entries()),
             self._recordings,

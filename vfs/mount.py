@@ -8,16 +8,17 @@ or SIGHUP, and then unmounts and releases everything, in that order.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import stat
 import subprocess
+import tempfile
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import pyfuse3
 import trio
@@ -35,12 +36,21 @@ from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES, SourcePolicy
 from cutfs.vfs import kernel_tuning
-from cutfs.vfs.block_cache import DEFAULT_BLOCK_FRAMES, BlockCache
+from cutfs.vfs.block_cache import DEFAULT_BLOCK_FRAMES
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
-from cutfs.vfs.filesystem import Filesystem, Windows
+from cutfs.vfs.device_channel import DeviceChannel, clone_device
+from cutfs.vfs.filesystem import Windows
 from cutfs.vfs.frame_source import FrameSource
-from cutfs.vfs.operations import Operations, Ownership
-from cutfs.vfs.prometheus import render_metrics
+from cutfs.vfs.operations import Ownership
+from cutfs.vfs.serving_process import (
+    ServingProcesses,
+    ServingSetup,
+    mount_device_fd,
+    publish_statistics,
+    shared_snapshots_path,
+    shared_spans_path,
+)
+from cutfs.vfs.serving_stack import ProcessShare, ServingStack
 from cutfs.vfs.serving_user import (
     ServingUser,
     ServingUserError,
@@ -48,7 +58,8 @@ from cutfs.vfs.serving_user import (
     as_root,
     serving_user,
 )
-from cutfs.vfs.statistics import Statistics
+from cutfs.vfs.span_table import SharedSpanTable
+from cutfs.vfs.statistics_board import StatisticsBoard
 
 log = logging.getLogger("cutfs.mount")
 
@@ -76,6 +87,10 @@ class MountError(Exception):
 #: at 48 kHz) in one read request instead of three of 128 KiB (measured: 3.03 reads per
 #: cold cut at the kernel's default, 1.03 at 1024, and a lower median latency).
 DEFAULT_READ_AHEAD_KB = 1024
+
+
+#: The most processes that may serve one mount.
+MAX_SERVING_PROCESSES = 64
 
 
 @dataclass(frozen=True)
@@ -112,6 +127,9 @@ class MountOptions:
     user: str | None = None
     #: The most bytes the piece cache of a source in object storage keeps on disk.
     disk_cache_bytes: int = DEFAULT_DISK_BYTES
+    #: Processes answering the mount's requests, the daemon included (each its own event
+    #: loop; decoder workers and block cache are split among them).
+    serving_processes: int = 1
 
 
 def open_source(
@@ -221,6 +239,12 @@ def serve(
     once the mount answers requests.
     """
     mountpoint = os.path.abspath(mountpoint)
+    if not 1 <= options.serving_processes <= MAX_SERVING_PROCESSES:
+        raise MountError(
+            f"--serving-processes must be 1 to {MAX_SERVING_PROCESSES}, not "
+            f"{options.serving_processes}",
+            ExitCode.USAGE,
+        )
     _check_environment(mountpoint)
     remote = is_remote(shard_dir)
     user = _serving_user(options.user, None if remote else shard_dir)
@@ -254,55 +278,42 @@ def serve(
                 deadline_seconds=options.read_timeout_seconds * 0.8,
             )
         stack.callback(library.close)
-        statistics = Statistics()
-        pool = DecodePool(
+        kernel: dict[str, str] = {}
+        servers: ServingProcesses | None = None
+        shared_dir = _shared_directory(stack, user) if options.serving_processes > 1 else None
+        serving = ServingStack.open(
+            stack,
             library,
-            options.workers,
-            options.read_timeout_seconds,
-            statistics,
-            options.profile,
+            mountpoint,
+            options,
+            ProcessShare.of(options, options.serving_processes),
             policy=policy,
             user=user,
+            kernel=kernel,
+            extra_status=lambda: {"serving": servers.describe()} if servers else {},
+            board=(
+                StatisticsBoard(shared_dir, 0, options.serving_processes) if shared_dir else None
+            ),
+            shared_spans=shared_spans_path(shared_dir) if shared_dir else None,
+            snapshot_dir=shared_snapshots_path(shared_dir) if shared_dir else None,
         )
-        stack.callback(pool.close)
-        pool.start()  # the workers start while the tree is built
-        cache = BlockCache(options.cache_bytes, options.block_frames)
-        kernel: dict[str, str] = {}
-
-        def status() -> bytes:
-            snapshot = statistics.snapshot(
-                cache=asdict(cache.statistics()),
-                workers=asdict(pool.statistics()),
-                kernel=kernel,
-                shards=library.describe(),
-                store=pool.store_counters(),
-                views={"time_ranges": filesystem.time_ranges},
-                indexing={"in_progress": frames.recordings_being_indexed},
+        pool, frames, operations = serving.pool, serving.frames, serving.operations
+        if shared_dir is not None:
+            servers = ServingProcesses(
+                ServingSetup(
+                    shard_dir,
+                    mountpoint,
+                    options,
+                    cache_dir,
+                    policy,
+                    user,
+                    library.identity,
+                    options.serving_processes,
+                    shared_dir,
+                    logging.getLogger().getEffectiveLevel(),
+                )
             )
-            return (json.dumps(snapshot, indent=2) + "\n").encode()
-
-        def metrics() -> bytes:
-            sections = {
-                "cache": asdict(cache.statistics()),
-                "workers": asdict(pool.statistics()),
-                "shards": library.describe(),
-                "store": pool.store_counters(),
-                "views": {"time_ranges": filesystem.time_ranges},
-                "indexing": {"in_progress": frames.recordings_being_indexed},
-            }
-            return render_metrics(statistics, sections).encode()
-
-        frames = FrameSource(library, cache, pool, statistics if options.profile else None)
-        filesystem = Filesystem(
-            library,
-            frames,
-            mountpoint,
-            status,
-            options.windows,
-            options.output_format,
-            metrics,
-        )
-        operations = Operations(filesystem, options.ownership, statistics, options.direct_io)
+            stack.callback(servers.close)
         try:
             pool.wait_ready()
         except CutfsError as exc:
@@ -339,7 +350,17 @@ def serve(
             log.info("reading %s as %s", shard_dir, user.describe())
         try:
             with acting_as(user):  # root again only to tune the kernel and to unmount
-                trio.run(_run, on_ready, pool, tune_kernel, _indexing_reporter(frames, library))
+                trio.run(
+                    _run,
+                    on_ready,
+                    pool,
+                    tune_kernel,
+                    _indexing_reporter(frames, library),
+                    servers,
+                    serving,
+                    mountpoint,
+                    user,
+                )
         finally:
             pyfuse3.close(unmount=True)  # also on errors: never leave a stale mount
             log.info("unmounted %s", mountpoint)
@@ -350,17 +371,69 @@ async def _run(
     pool: DecodePool,
     tune_kernel: Callable[[], Awaitable[None]],
     report_indexing: Callable[[], Awaitable[None]],
+    servers: ServingProcesses | None,
+    serving: ServingStack,
+    mountpoint: str,
+    user: ServingUser | None,
 ) -> None:
+    serving_scope = trio.CancelScope()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal)
+        nursery.start_soon(
+            _stop_on_signal, pyfuse3.terminate if servers is None else serving_scope.cancel
+        )
+        if servers is not None:
+            nursery.start_soon(servers.watch)
+            nursery.start_soon(publish_statistics, serving)
         nursery.start_soon(pool.watch)
         nursery.start_soon(tune_kernel)
         nursery.start_soon(report_indexing)
         nursery.start_soon(_release_catalogue_pages)
         on_ready()
         _notify_systemd("READY=1")
-        await pyfuse3.main()
+        with serving_scope:
+            if servers is None:
+                await pyfuse3.main()
+            else:
+                await _serve_in_processes(servers, serving, mountpoint, user)
         nursery.cancel_scope.cancel()
+
+
+async def _serve_in_processes(
+    servers: ServingProcesses, serving: ServingStack, mountpoint: str, user: ServingUser | None
+) -> None:
+    """Serve through cloned descriptors, in this process and in the serving processes.
+
+    pyfuse3 answers the kernel's INIT (libfuse keeps the negotiated session) and is
+    then stopped: its descriptor blocks, so a pyfuse3 loop woken for a request
+    another process took would stall until the next one.  Every process then
+    reads a non-blocking clone through a :class:`DeviceChannel`.  pyfuse3's
+    session stays open, for the unmount at the end.
+    """
+    async with trio.open_nursery() as handover:
+        handover.start_soon(pyfuse3.main)
+        await trio.to_thread.run_sync(os.statvfs, mountpoint)  # answered: INIT is over
+        pyfuse3.terminate()  # pyfuse3 reads no more; requests wait in the kernel meanwhile
+    mount_fd = mount_device_fd()
+    with as_root(user):
+        servers.start(mount_fd)
+    own = clone_device(mount_fd)
+    try:
+        await DeviceChannel(own, serving.operations).serve()
+    finally:
+        os.close(own)
+
+
+def _shared_directory(stack: ExitStack, user: ServingUser | None) -> str:
+    """A private directory of what the serving processes share: their statistics and
+    the time-range table (owned by the user the daemon reads as: the processes write as
+    that user); removed at exit."""
+    directory = tempfile.mkdtemp(prefix="cutfs-serving-")
+    stack.callback(shutil.rmtree, directory, ignore_errors=True)
+    SharedSpanTable.create(shared_spans_path(directory))
+    if user is not None:
+        os.chown(directory, user.uid, user.gid)
+        os.chown(shared_spans_path(directory), user.uid, user.gid)
+    return directory
 
 
 #: How often the catalogue's mapped pages are dropped from the daemon's page tables.
@@ -405,12 +478,12 @@ def _indexing_reporter(frames: FrameSource, library: Library) -> Callable[[], Aw
     return report
 
 
-async def _stop_on_signal() -> None:
+async def _stop_on_signal(stop_serving: Callable[[], None]) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signal_number in signals:
             log.info("received %s: unmounting", signal.Signals(signal_number).name)
             _notify_systemd("STOPPING=1")
-            pyfuse3.terminate()
+            stop_serving()
             return
 
 

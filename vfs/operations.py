@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import logging
 import os
+import secrets
 import stat
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -30,13 +32,17 @@ import pyfuse3
 
 from cutfs.codec.errors import CutfsError
 from cutfs.vfs.filesystem import Attributes, Filesystem, FsError
+from cutfs.vfs.snapshot_store import SnapshotStore
 from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.operations")
 
 CACHE_TIMEOUT_SECONDS = 86400.0
-#: File handles of open snapshots of volatile files; other handles are inode numbers.
+#: File handles of open snapshots of volatile files (this bit, a serial number, and the
+#: file's inode in the low bits); other handles are inode numbers.
 _SNAPSHOT_HANDLES = 1 << 60
+_SNAPSHOT_INODE_BITS = 20
+_SNAPSHOT_SERIALS = 1 << 39
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -103,7 +109,10 @@ class Operations(pyfuse3.Operations):
         ownership: Ownership | None = None,
         statistics: Statistics | None = None,
         direct_io: bool = False,
+        snapshots: SnapshotStore | None = None,
     ) -> None:
+        """``snapshots`` keeps what each open of a volatile file read (default: in this
+        process only)."""
         super().__init__()
         ownership = ownership or Ownership()
         self._fs = filesystem
@@ -113,8 +122,9 @@ class Operations(pyfuse3.Operations):
         self._dir_mode = ownership.dir_mode & 0o7777
         self._statistics = statistics or Statistics()
         self._direct_io = direct_io
-        self._snapshots: dict[int, bytes] = {}
-        self._next_snapshot = 0
+        self._snapshots = snapshots or SnapshotStore()
+        # Handles of other serving processes' snapshots are theirs: start somewhere else.
+        self._next_snapshot = secrets.randbelow(_SNAPSHOT_SERIALS)
         self._time_ns = time.time_ns()
 
     @_errno_boundary
@@ -147,13 +157,25 @@ class Operations(pyfuse3.Operations):
 
     @_errno_boundary
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        for name, entry, next_id in self._directory_entries(fh, start_id):
+            if not pyfuse3.readdir_reply(token, name, entry, next_id):
+                break
+
+    @_errno_boundary
+    async def directory_entries(
+        self, fh: int, start_id: int, max_entries: int
+    ) -> list[tuple[bytes, pyfuse3.EntryAttributes, int]]:
+        """At most ``max_entries`` entries of an open directory from ``start_id`` on:
+        (name, attributes, next id).  A reader asks again from where it stopped."""
+        return list(itertools.islice(self._directory_entries(fh, start_id), max_entries))
+
+    def _directory_entries(
+        self, fh: int, start_id: int
+    ) -> Iterator[tuple[bytes, pyfuse3.EntryAttributes, int]]:
         entries = self._fs.listing(fh)
         for position in range(start_id, len(entries)):
             name, inode = entries[position]
-            if not pyfuse3.readdir_reply(
-                token, name, self._entry(self._fs.listed_attributes(inode)), position + 1
-            ):
-                break
+            yield name, self._entry(self._fs.listed_attributes(inode)), position + 1
 
     @_errno_boundary
     async def releasedir(self, fh: int) -> None:
@@ -164,17 +186,24 @@ class Operations(pyfuse3.Operations):
         self._fs.check_open(inode, flags)
         if self._fs.is_volatile(inode):
             # Each open reads one consistent snapshot, however many reads it takes.
-            self._next_snapshot += 1
-            fh = _SNAPSHOT_HANDLES + self._next_snapshot
-            self._snapshots[fh] = await self._fs.read(inode, 0, 1 << 30)
+            self._next_snapshot = (self._next_snapshot + 1) % _SNAPSHOT_SERIALS
+            fh = _SNAPSHOT_HANDLES | self._next_snapshot << _SNAPSHOT_INODE_BITS | inode
+            self._snapshots.put(fh, await self._fs.read(inode, 0, 1 << 30))
             return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
         return pyfuse3.FileInfo(fh=inode, keep_cache=not self._direct_io, direct_io=self._direct_io)
 
+    async def _snapshot(self, fh: int) -> bytes:
+        """The snapshot of a volatile file's open, taken now if none is kept (evicted)."""
+        snapshot = self._snapshots.get(fh)
+        if snapshot is None:
+            snapshot = await self._fs.read(fh & ((1 << _SNAPSHOT_INODE_BITS) - 1), 0, 1 << 30)
+            self._snapshots.put(fh, snapshot)
+        return snapshot
+
     @_errno_boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        snapshot = self._snapshots.get(fh)
-        if snapshot is not None:
-            return snapshot[off : off + size]
+        if fh & _SNAPSHOT_HANDLES:
+            return (await self._snapshot(fh))[off : off + size]
         started = time.perf_counter()
         data = await self._fs.read(fh, off, size)
         self._statistics.observe("read", time.perf_counter() - started)
@@ -184,7 +213,8 @@ class Operations(pyfuse3.Operations):
 
     @_errno_boundary
     async def release(self, fh: int) -> None:
-        self._snapshots.pop(fh, None)
+        if fh & _SNAPSHOT_HANDLES:
+            self._snapshots.drop(fh)
 
     @_errno_boundary
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:

@@ -15,7 +15,7 @@ from cutfs.codec.file_tree import FileTree
 from cutfs.codec.library import Library
 from cutfs.codec.mapped_table import RowSequence
 from cutfs.codec.path_escape import SUFFIX
-from cutfs.vfs.span_table import SpanTable
+from cutfs.vfs.span_table import SharedSpanTable, SpanTable
 from cutfs.vfs.view import (
     RANGE_DIRECTORY_BASE,
     RECORDING_DIRECTORY_BASE,
@@ -38,11 +38,23 @@ _SUFFIX: Final = SUFFIX.encode()
 class RecordingsView(View):
     """Recording files, their directories, and their time ranges (see the module docstring)."""
 
-    def __init__(self, library: Library, tree: FileTree, shape_of: ShapeOf) -> None:
+    def __init__(
+        self,
+        library: Library,
+        tree: FileTree,
+        shape_of: ShapeOf,
+        shared_spans: str | None = None,
+    ) -> None:
+        """``shared_spans``: the file of a :class:`SharedSpanTable`, when several processes
+        serve the mount (else the time ranges are this process's own)."""
         self._library = library
         self._tree = tree
         self._shape_of = shape_of
-        self._spans = SpanTable(SPAN_INODE_BASE)
+        self._spans: SpanTable | SharedSpanTable = (
+            SpanTable(SPAN_INODE_BASE)
+            if shared_spans is None
+            else SharedSpanTable(shared_spans, SPAN_INODE_BASE)
+        )
         count = tree.item_count
         self.inode_ranges = (
             range(RECORDING_DIRECTORY_BASE, RECORDING_DIRECTORY_BASE + tree.directory_count),

@@ -15,7 +15,14 @@ ranges in a loop cannot take them all from the others.
 from __future__ import annotations
 
 import errno
+import fcntl
+import mmap
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Final
+
+import numpy as np
 
 from cutfs.vfs.fs_error import FsError
 
@@ -23,6 +30,8 @@ from cutfs.vfs.fs_error import FsError
 DEFAULT_CAPACITY: Final = 100_000
 #: The share of the capacity one user may hold.
 _SHARE_PER_USER: Final = 4
+#: Serial numbers of :class:`SharedSpanTable` slots wrap here (inodes stay below 2**48).
+_SERIALS: Final = 1 << 24
 
 _Span = tuple[int, int, int]  # (recording, first frame, end frame)
 
@@ -87,3 +96,131 @@ class SpanTable:
         self._held[owner] -= 1
         if not self._held[owner]:
             del self._held[owner]
+
+
+_RECORD = np.dtype(
+    [
+        ("recording", "<i8"),
+        ("first", "<i8"),
+        ("end", "<i8"),
+        ("references", "<i8"),
+        ("owner", "<i8"),
+        ("serial", "<i8"),
+    ]
+)
+_HEADER_BYTES: Final = 64  # the next serial number, then room
+
+
+class SharedSpanTable:
+    """The same table, shared by the processes that serve one mount.
+
+    A range looked up through one serving process may be opened and read
+    through any other, so they must agree on its inode.  The table is a file
+    of fixed-size records, mapped by every process and changed under an
+    exclusive ``flock`` (lookups and forgets of time ranges are rare next to
+    reads).  A slot is reused once free; its inode carries a serial number,
+    so an inode of a range that is gone never names the next range of its
+    slot.  Behaviour, capacity and per-user shares are those of
+    :class:`SpanTable`.
+    """
+
+    def __init__(self, path: str, base: int, capacity: int = DEFAULT_CAPACITY) -> None:
+        """Open the table at ``path``, which :meth:`create` made."""
+        self._base = base
+        self._capacity = capacity
+        self._slot_bits = capacity.bit_length()
+        self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        size = _HEADER_BYTES + capacity * _RECORD.itemsize
+        if os.fstat(self._fd).st_size != size:
+            os.close(self._fd)
+            raise ValueError(f"{path} is not a table of {capacity} time ranges")
+        self._map = mmap.mmap(self._fd, size)
+        self._header = np.frombuffer(self._map, dtype="<i8", count=1)
+        self._records = np.frombuffer(self._map, dtype=_RECORD, offset=_HEADER_BYTES)
+
+    @staticmethod
+    def create(path: str, capacity: int = DEFAULT_CAPACITY) -> None:
+        """Make an empty table file (mode 0600) at ``path``, which must not exist."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, _HEADER_BYTES + capacity * _RECORD.itemsize)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        del self._header, self._records
+        self._map.close()
+        os.close(self._fd)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self._records["references"] > 0))
+
+    def acquire(self, span: _Span, user: int = 0) -> int:
+        """The inode of ``span``, with one more kernel reference (a lookup reply by ``user``)."""
+        records = self._records
+        with self._locked():
+            live = records["references"] > 0
+            same = np.flatnonzero(
+                live
+                & (records["recording"] == span[0])
+                & (records["first"] == span[1])
+                & (records["end"] == span[2])
+            )
+            slot = int(same[0]) if len(same) else self._new_slot(span, user, live)
+            records["references"][slot] += 1
+            return self._base + (int(records["serial"][slot]) << self._slot_bits | slot)
+
+    def _new_slot(self, span: _Span, user: int, live: np.ndarray) -> int:
+        in_use = int(np.count_nonzero(live))
+        if in_use >= self._capacity:
+            raise FsError(
+                errno.ENFILE,
+                f"{self._capacity} time ranges are in use: the kernel must forget some",
+            )
+        held = int(np.count_nonzero(live & (self._records["owner"] == user)))
+        if held >= self._capacity // _SHARE_PER_USER:
+            raise FsError(
+                errno.ENFILE,
+                f"uid {user} holds {held} time ranges, its share of {self._capacity}: "
+                "the kernel must forget some",
+            )
+        slot = int(np.flatnonzero(~live)[0])
+        serial = int(self._header[0]) % _SERIALS
+        self._header[0] = serial + 1
+        self._records[slot] = (span[0], span[1], span[2], 0, user, serial)
+        return slot
+
+    def _slot(self, inode: int) -> int | None:
+        """The slot ``inode`` names, if its range is still there."""
+        offset = inode - self._base
+        slot, serial = offset & ((1 << self._slot_bits) - 1), offset >> self._slot_bits
+        if offset < 0 or slot >= self._capacity:
+            return None
+        record = self._records[slot]
+        if record["references"] <= 0 or record["serial"] != serial:
+            return None
+        return slot
+
+    def get(self, inode: int) -> _Span | None:
+        with self._locked():
+            slot = self._slot(inode)
+            if slot is None:
+                return None
+            record = self._records[slot]
+            return int(record["recording"]), int(record["first"]), int(record["end"])
+
+    def forget(self, inode: int, references: int) -> None:
+        """The kernel dropped ``references`` of ``inode``; at none left it is removed."""
+        with self._locked():
+            slot = self._slot(inode)
+            if slot is not None:
+                left = int(self._records["references"][slot]) - references
+                self._records["references"][slot] = max(left, 0)

@@ -57,6 +57,23 @@ class Histogram:
             counts.append(sum(count for end, count in upper_ends if end <= edge))
         return counts
 
+    def export(self) -> dict[str, Any]:
+        """The histogram as JSON-ready data, for :meth:`absorb` in another process."""
+        return {
+            "buckets": {str(bucket): count for bucket, count in self._buckets.items()},
+            "count": self.count,
+            "total_seconds": self.total_seconds,
+            "max_seconds": self.max_seconds,
+        }
+
+    def absorb(self, exported: dict[str, Any]) -> None:
+        """Add another histogram's observations (from :meth:`export`)."""
+        for bucket, count in exported["buckets"].items():
+            self._buckets[int(bucket)] += int(count)
+        self.count += int(exported["count"])
+        self.total_seconds += float(exported["total_seconds"])
+        self.max_seconds = max(self.max_seconds, float(exported["max_seconds"]))
+
     def summary(self) -> dict[str, float]:
         mean = self.total_seconds / self.count if self.count else 0.0
         return {
@@ -98,3 +115,27 @@ class Statistics:
             "latency": {phase: h.summary() for phase, h in sorted(self.latencies.items())},
             **sections,
         }
+
+    def export(self) -> dict[str, Any]:
+        """Everything counted, as JSON-ready data (see :meth:`absorb`)."""
+        return {
+            "started": self.started,
+            "counters": dict(self.counters),
+            "errors": dict(self.errors),
+            "latencies": {phase: h.export() for phase, h in self.latencies.items()},
+        }
+
+    def absorb(self, exported: dict[str, Any]) -> None:
+        """Add what another process counted (its :meth:`export`) to this one."""
+        self.started = min(self.started, float(exported["started"]))
+        self.counters.update({str(k): int(v) for k, v in exported["counters"].items()})
+        self.errors.update({str(k): int(v) for k, v in exported["errors"].items()})
+        for phase, histogram in exported["latencies"].items():
+            self.latencies.setdefault(str(phase), Histogram()).absorb(histogram)
+
+    def copy(self) -> Statistics:
+        """An independent copy (to add other processes' figures to)."""
+        copied = Statistics()
+        copied.absorb(self.export())
+        copied.started = self.started
+        return copied

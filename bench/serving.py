@@ -1,0 +1,272 @@
+"""How many requests one mount answers with 1, 2, ... serving processes, side by side.
+
+Mounts the same shards with ``--serving-processes 1`` and with more, one after
+the other in one run, and measures with R reader processes:
+
+- warm opens: each reader opens a cut already in the page cache, reads it and
+  closes it, in a loop (the kernel sends OPEN and RELEASE; the data comes from
+  the page cache): the request rate one mount sustains;
+- cold cuts: each reader reads distinct 10 s cuts once, after the page cache
+  is dropped (lookup, open, one read, release, and a decode).
+
+FUSE requests per cut are counted from ``.cutfs/stats``.  Ratios are against one
+serving process with the same readers.  Run as root (``drop_caches``)::
+
+    python bench/serving.py --processes 1 2 --readers 1 2 4 8
+
+On a 2-core machine the readers and the serving processes share two cores, so
+the ceiling is about 2x one loop whatever the count; on a many-core node use
+``--processes 1 2 4 8 --readers 4 16 32``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=REPOSITORY / "bench" / "out-serving")
+    parser.add_argument("--out", type=Path, default=REPOSITORY / "docs" / "bench")
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--readers", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--workers", type=int, default=2, help="decoder workers of a mount")
+    parser.add_argument("--seconds", type=float, default=4.0, help="per warm measurement")
+    parser.add_argument("--cold-cuts", type=int, default=600, help="per cold measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="repeats; medians are reported")
+    args = parser.parse_args()
+
+    shards = _prepare(args.work)
+    results: list[dict[str, Any]] = []
+    for round_number in range(args.rounds):
+        for processes in args.processes:
+            mountpoint = args.work / "mnt"
+            with _mounted(shards, mountpoint, processes, args.workers):
+                cuts = sorted(os.listdir(mountpoint / "cuts"))
+                for readers in args.readers:
+                    results.append(
+                        {
+                            "round": round_number,
+                            "processes": processes,
+                            "readers": readers,
+                            **_warm(mountpoint, cuts[:2000], readers, args.seconds),
+                            **_cold(mountpoint, cuts, readers, args.cold_cuts, round_number),
+                        }
+                    )
+                    print(json.dumps(results[-1]), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "serving.json").write_text(json.dumps(results, indent=1) + "\n")
+    report = _markdown(results, args)
+    (args.out / "serving.md").write_text(report)
+    print(report)
+    return 0
+
+
+def _prepare(work: Path) -> Path:
+    """Eight 10-minute FLAC recordings at 16 kHz (speech-like noise) and 10 s cuts every
+    2 s: 2 400 cuts."""
+    shards = work / "shards"
+    if (shards / "manifest.json").exists():
+        return shards
+    audio = work / "audio"
+    audio.mkdir(parents=True, exist_ok=True)
+    recordings, cuts = [], []
+    for number in range(8):
+        path = audio / f"talk{number}.flac"
+        if not path.exists():
+            subprocess.run(
+                ["ffmpeg", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
+                 f"anoisesrc=d=600:r=16000:c=pink:seed={number}", "-af", "volume=0.3",
+                 "-c:a", "flac", str(path)],
+                check=True,
+            )  # fmt: skip
+        recording = f"talk{number}"
+        recordings.append(
+            {
+                "id": recording,
+                "sources": [{"type": "file", "channels": [0], "source": str(path)}],
+                "sampling_rate": 16000,
+                "num_samples": 600 * 16000,
+                "duration": 600.0,
+                "channel_ids": [0],
+            }
+        )
+        for start in range(0, 590, 2):
+            cuts.append(
+                {
+                    "id": f"{recording}-{start:04d}",
+                    "recording_id": recording,
+                    "start": float(start),
+                    "duration": 10.0,
+                    "channel": 0,
+                }
+            )
+    (work / "recordings.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recordings))
+    (work / "supervisions.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cuts))
+    shutil.rmtree(shards, ignore_errors=True)
+    subprocess.run(
+        [*CUTFS, "pack", "-q", str(work / "recordings.jsonl"), str(work / "supervisions.jsonl"),
+         "-o", str(shards)],
+        check=True,
+    )  # fmt: skip
+    return shards
+
+
+@contextmanager
+def _mounted(shards: Path, mountpoint: Path, processes: int, workers: int) -> Iterator[None]:
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [*CUTFS, "mount", "--serving-processes", str(processes), "--workers", str(workers),
+         str(shards), str(mountpoint)],
+        check=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while _stats(mountpoint).get("serving", {}).get("ready", 1) < processes:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the serving processes did not start")
+            time.sleep(0.2)
+        yield
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
+        time.sleep(0.5)
+
+
+def _stats(mountpoint: Path) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads((mountpoint / ".cutfs" / "stats").read_bytes())
+    return result
+
+
+def _requests(mountpoint: Path) -> int:
+    time.sleep(1.2)  # every serving process has published its counters since
+    counters = _stats(mountpoint)["counters"]
+    return sum(v for k, v in counters.items() if k.startswith("requests."))
+
+
+def _drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def _warm_reader(paths: list[str], seconds: float, start: int, step: int) -> int:
+    opened = 0
+    deadline = time.monotonic() + seconds
+    index = start
+    while time.monotonic() < deadline:
+        descriptor = os.open(paths[index % len(paths)], os.O_RDONLY)
+        os.read(descriptor, 1 << 20)
+        os.close(descriptor)
+        opened += 1
+        index += step
+    return opened
+
+
+def _cold_reader(paths: list[str]) -> list[float]:
+    latencies = []
+    for path in paths:
+        started = time.perf_counter()
+        with open(path, "rb") as cut:
+            cut.read()
+        latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+def _warm(mountpoint: Path, cuts: list[str], readers: int, seconds: float) -> dict[str, Any]:
+    paths = [str(mountpoint / "cuts" / name) for name in cuts]
+    for path in paths:  # into the page cache, and the entries into the dentry cache
+        with open(path, "rb") as cut:
+            cut.read()
+    before = _requests(mountpoint)
+    context = multiprocessing.get_context("fork")
+    with context.Pool(readers) as pool:
+        started = time.perf_counter()
+        opened = sum(
+            pool.starmap(_warm_reader, [(paths, seconds, k, readers) for k in range(readers)])
+        )
+        elapsed = time.perf_counter() - started
+    requests = _requests(mountpoint) - before
+    return {
+        "warm_opens_per_second": round(opened / elapsed),
+        "warm_requests_per_second": round(requests / elapsed),
+        "warm_requests_per_open": round(requests / max(opened, 1), 2),
+    }
+
+
+def _cold(
+    mountpoint: Path, cuts: list[str], readers: int, count: int, round_number: int
+) -> dict[str, Any]:
+    chosen = [cuts[(round_number * 7919 + k * 13) % len(cuts)] for k in range(count)]
+    paths = [str(mountpoint / "cuts" / name) for name in chosen]
+    _drop_caches()
+    before = _requests(mountpoint)
+    context = multiprocessing.get_context("fork")
+    with context.Pool(readers) as pool:
+        started = time.perf_counter()
+        latencies = [
+            x for part in pool.map(_cold_reader, [paths[k::readers] for k in range(readers)])
+            for x in part
+        ]  # fmt: skip
+        elapsed = time.perf_counter() - started
+    requests = _requests(mountpoint) - before
+    return {
+        "cold_cuts_per_second": round(count / elapsed, 1),
+        "cold_p50_ms": round(statistics.median(latencies) * 1000, 2),
+        "cold_requests_per_cut": round(requests / count, 2),
+    }
+
+
+def _median(results: list[dict[str, Any]], processes: int, readers: int, key: str) -> float:
+    return statistics.median(
+        r[key] for r in results if r["processes"] == processes and r["readers"] == readers
+    )
+
+
+def _markdown(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    lines = [
+        "# Serving one mount from several processes",
+        "",
+        f"`python bench/serving.py --processes {' '.join(map(str, args.processes))} "
+        f"--readers {' '.join(map(str, args.readers))} --rounds {args.rounds}` on "
+        f"{os.cpu_count()} cores; medians of {args.rounds} rounds; ratios against one "
+        "serving process with the same readers.",
+        "",
+        "| serving processes | readers | warm opens/s | ratio | FUSE requests/s | "
+        "requests per warm open | cold cuts/s | ratio | cold p50 ms | requests per cold cut |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for processes in args.processes:
+        for readers in args.readers:
+
+            def median(key: str, p: int = processes, r: int = readers) -> float:
+                return _median(results, p, r, key)
+
+            warm, cold = median("warm_opens_per_second"), median("cold_cuts_per_second")
+            base_warm = _median(results, args.processes[0], readers, "warm_opens_per_second")
+            base_cold = _median(results, args.processes[0], readers, "cold_cuts_per_second")
+            lines.append(
+                f"| {processes} | {readers} | {warm:,.0f} | {warm / base_warm:.2f}x | "
+                f"{median('warm_requests_per_second'):,.0f} | "
+                f"{median('warm_requests_per_open'):.2f} | {cold:,.1f} | "
+                f"{cold / base_cold:.2f}x | {median('cold_p50_ms'):.2f} | "
+                f"{median('cold_requests_per_cut'):.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

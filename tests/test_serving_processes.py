@@ -1,0 +1,213 @@
+"""One mount served by several processes (``--serving-processes``): the same bytes,
+listings and time ranges whichever process answers, statistics added up, and the
+faults of a process that dies."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import (
+    CUTFS,
+    Reference,
+    close_enough,
+    cut_path,
+    cut_plan,
+    expected_file,
+    mounted,
+    needs_fuse,
+    recording_id,
+    unmount,
+)
+from corpus import wav_header
+
+pytestmark = [pytest.mark.mount, needs_fuse]
+
+PROCESSES = 3
+
+
+def _stats(mount: str) -> dict[str, Any]:
+    with open(os.path.join(mount, ".cutfs", "stats"), "rb") as stats:
+        result: dict[str, Any] = json.loads(stats.read())
+    return result
+
+
+def _wait_for(mount: str, condition: Any, what: str, seconds: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + seconds
+    while True:
+        stats = _stats(mount)
+        if condition(stats["serving"]):
+            return stats
+        assert time.monotonic() < deadline, f"{what}: {stats['serving']}"
+        time.sleep(0.2)
+
+
+def _drop_caches() -> None:
+    """The kernel forgets cached file pages and entries: reads and lookups reach the mount."""
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, shard_dir: str) -> Iterator[str]:
+    mountpoint = str(tmp_path_factory.mktemp("served"))
+    options = ("--serving-processes", str(PROCESSES), "--workers", "3", "--cache-size", "48M")
+    with mounted(shard_dir, mountpoint, *options) as path:
+        _wait_for(path, lambda s: s["ready"] == PROCESSES, "every process serves")
+        yield path
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as cut_file:
+        return cut_file.read()
+
+
+def test_every_cut_is_exact_whichever_process_reads_it(
+    served: str, references: dict[str, Reference]
+) -> None:
+    cuts = cut_plan(references)
+    expected = {str(c["id"]): expected_file(c, references) for c in cuts}
+    lossless = {
+        str(c["id"]): next(
+            r for n, r in references.items() if recording_id(n) == c["recording"]
+        ).lossless
+        for c in cuts
+    }
+    for round_number in range(3):
+        _drop_caches()
+        order = list(expected)
+        random.Random(round_number).shuffle(order)
+        with ThreadPoolExecutor(max_workers=6) as readers:
+            contents = list(readers.map(lambda i: _read(cut_path(served, i)), order))
+        for cut_id, actual in zip(order, contents, strict=True):
+            assert close_enough(actual, expected[cut_id], lossless[cut_id]), cut_id
+    time.sleep(1.5)  # every process has published its figures since
+    serving = _stats(served)["serving"]
+    assert serving["processes"] == PROCESSES and serving["counted"] == PROCESSES
+    assert all(count > 0 for count in serving["requests_by_process"]), serving
+
+
+def test_listings_and_attributes_agree_across_processes(served: str, mount: str) -> None:
+    """``mount`` is the suite's one-process mount of the same shards."""
+    directories = ["", "cuts", "recordings", os.path.join("cuts", "flac_mono_16k")]
+    expected = {d: _listing(served, d) for d in directories}
+    for directory in directories:  # the manifests at the root name their mountpoint
+        alone = _listing(mount, directory)
+        assert [n for n, _ in expected[directory]] == [n for n, _ in alone]
+        assert directory == "" or expected[directory] == alone
+    before = _stats(served)["counters"].get("requests.directory_entries", 0)
+    for _ in range(10):
+        _drop_caches()
+        for directory in directories:
+            assert _listing(served, directory) == expected[directory], directory
+    time.sleep(1.5)
+    # Only the serving processes answer listings through Operations.directory_entries.
+    assert _stats(served)["counters"].get("requests.directory_entries", 0) > before
+
+
+def _listing(mount: str, directory: str) -> list[tuple[str, int]]:
+    """Names and sizes in a directory (``.cutfs`` aside: its sizes change)."""
+    path = os.path.join(mount, directory)
+    return sorted(
+        (name, os.stat(os.path.join(path, name)).st_size)
+        for name in os.listdir(path)
+        if name != ".cutfs"
+    )
+
+
+def test_time_ranges_are_shared_by_every_process(
+    served: str, references: dict[str, Reference]
+) -> None:
+    """A range looked up through one process is opened and read through others."""
+    flac = references["flac_mono_16k.flac"]
+    for attempt in range(12):
+        _drop_caches()  # the kernel forgets the range: each round looks it up again
+        start = 1.0 + attempt / 8
+        data = _read(os.path.join(served, "recordings", "flac_mono_16k", f"{start}-3.5.wav"))
+        first = round(start * 16000)
+        assert data[:44] == wav_header(16000, 1, 56000 - first)
+        samples = np.frombuffer(data[44:], dtype="<i2")
+        assert np.array_equal(samples, flac.samples[first:56000, 0]), start
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(served, "recordings", "flac_mono_16k", "3.5-1.25.wav"))
+
+
+def test_statistics_read_through_any_process(served: str) -> None:
+    for _ in range(20):
+        stats = _stats(served)  # an open and a read, possibly answered by two processes
+        assert stats["serving"]["processes"] == PROCESSES
+        assert stats["workers"]["workers"] == PROCESSES  # one decoder each: 3 split 3 ways
+
+
+def test_a_killed_serving_process_is_replaced(
+    tmp_path: Path, shard_dir: str, references: dict[str, Reference]
+) -> None:
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--serving-processes", "2") as mnt:
+        serving = _wait_for(mnt, lambda s: s["ready"] == 2, "both processes serve")["serving"]
+        daemon, child = serving["pids"]
+        os.kill(child, signal.SIGKILL)
+        serving = _wait_for(
+            mnt, lambda s: s["restarts"] == 1 and s["ready"] == 2, "the process is replaced"
+        )["serving"]
+        assert serving["pids"][0] == daemon and child not in serving["pids"]
+        cuts = cut_plan(references)[:20]
+        _drop_caches()
+        for cut in cuts:
+            actual = _read(cut_path(mnt, str(cut["id"])))
+            assert len(actual) == len(expected_file(cut, references)), cut["id"]
+
+
+def test_the_processes_end_with_the_daemon(tmp_path: Path, shard_dir: str) -> None:
+    mountpoint = str(tmp_path / "mnt")
+    with mounted(shard_dir, mountpoint, "--serving-processes", "3") as mnt:
+        pids = _wait_for(mnt, lambda s: s["ready"] == 3, "every process serves")["serving"]["pids"]
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids):
+            assert time.monotonic() < deadline, "serving processes outlived their daemon"
+            time.sleep(0.1)
+        with pytest.raises(OSError) as raised:
+            os.statvfs(mnt)
+        assert raised.value.errno == errno.ENOTCONN  # not a mount that hangs
+    unmount(mountpoint)
+
+
+def test_unmount_stops_every_process(tmp_path: Path, shard_dir: str) -> None:
+    mountpoint = str(tmp_path / "mnt")
+    with mounted(shard_dir, mountpoint, "--serving-processes", "2") as mnt:
+        pids = _wait_for(mnt, lambda s: s["ready"] == 2, "both processes serve")["serving"]["pids"]
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, "serving processes outlived the mount"
+        time.sleep(0.1)
+
+
+def test_a_bad_process_count_is_refused(tmp_path: Path, shard_dir: str) -> None:
+    (tmp_path / "mnt").mkdir()
+    result = subprocess.run(
+        [*CUTFS, "mount", "-f", "--serving-processes", "0", shard_dir, str(tmp_path / "mnt")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--serving-processes must be 1 to 64, not 0" in result.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,339 @@
+"""Serving a mount's requests from a clone of its /dev/fuse descriptor.
+
+One pyfuse3 event loop answers about 13 000 requests a second, whatever the
+cores.  The kernel lets several processes serve one mount: a process opens
+``/dev/fuse`` and clones the mount's descriptor onto it (``FUSE_DEV_IOC_CLONE``);
+from then on every request of the mount goes to whichever descriptor reads it
+first, and its reply must be written to the same descriptor.  libfuse cannot
+drive a clone in another process (its session state, INIT included, lives in
+the process that mounted), so a :class:`DeviceChannel` speaks the kernel's
+protocol itself: it reads a request, calls the *same* :class:`Operations`
+method pyfuse3 would call, and writes the reply.  Errors therefore become
+errno values in one place, ``Operations``, for both paths.
+
+Only what a read-only mount is asked is understood (lookup, getattr, open,
+read, release, flush, opendir, readdirplus, releasedir, statfs, forget,
+interrupt); anything else is answered ``ENOSYS``, which makes the kernel stop
+asking for most of it.  The descriptor is non-blocking: when several
+processes wake for one request, the ones that lose the race go back to
+waiting instead of blocking their event loop.
+
+The wire layouts follow ``include/uapi/linux/fuse.h`` (protocol 7.31 and
+later, which every kernel libfuse 3 negotiates with has).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pyfuse3
+import trio
+
+from cutfs.vfs.operations import Operations
+
+log = logging.getLogger("cutfs.device_channel")
+
+#: ``_IOR(229, 0, uint32_t)``: make this descriptor serve the mount of the given one.
+FUSE_DEV_IOC_CLONE: Final = 0x8004E500
+
+_IN_HEADER = struct.Struct("<IIQQIIIHH")  # len, opcode, unique, nodeid, uid, gid, pid, extlen, pad
+_OUT_HEADER = struct.Struct("<IiQ")  # len, error, unique
+_ATTR = struct.Struct("<QQQQQQIIIIIIIIII")  # ino size blocks atime mtime ctime, nsecs, mode...
+_ENTRY_OUT = struct.Struct("<QQQQII")  # nodeid, generation, entry_valid, attr_valid, nsecs
+_ATTR_OUT = struct.Struct("<QII")  # attr_valid, attr_valid_nsec, dummy
+_OPEN_OUT = struct.Struct("<QIi")  # fh, open_flags, backing id
+_OPEN_IN = struct.Struct("<II")  # flags, open_flags
+_READ_IN = struct.Struct("<QQII")  # fh, offset, size, read_flags (then lock owner, flags)
+_RELEASE_IN = struct.Struct("<Q")  # fh (then flags, release flags, lock owner)
+_FORGET_IN = struct.Struct("<Q")  # nlookup
+_BATCH_FORGET_IN = struct.Struct("<II")  # count, dummy
+_FORGET_ONE = struct.Struct("<QQ")  # nodeid, nlookup
+_DIRENT = struct.Struct("<QQII")  # ino, off, namelen, type
+_STATFS_OUT = struct.Struct("<QQQQQIIII24x")  # blocks bfree bavail files ffree bsize namelen frsize
+
+_LOOKUP, _FORGET, _GETATTR = 1, 2, 3
+_OPEN, _READ, _STATFS, _RELEASE = 14, 15, 17, 18
+_FLUSH, _INIT, _OPENDIR, _READDIR, _RELEASEDIR = 25, 26, 27, 28, 29
+_INTERRUPT, _DESTROY, _BATCH_FORGET, _READDIRPLUS = 36, 38, 42, 44
+#: Requests the kernel sends without waiting for a reply.
+_NO_REPLY: Final = frozenset({_FORGET, _BATCH_FORGET, _INTERRUPT})
+
+_FOPEN_DIRECT_IO, _FOPEN_KEEP_CACHE, _FOPEN_NONSEEKABLE = 1, 2, 4
+#: A directory entry with a name of one byte takes at least this much of a reply.
+_SMALLEST_DIRENT_BYTES: Final = _DIRENT.size + 8
+#: Room for the largest request the kernel may send (a write of max_pages, never sent here).
+_READ_BUFFER_BYTES: Final = (1 << 20) + 4096
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What :class:`Operations` reads of pyfuse3's RequestContext."""
+
+    uid: int
+    gid: int
+    pid: int
+    umask: int = 0
+
+
+def clone_device(mount_fd: int) -> int:
+    """A new descriptor serving the same mount as ``mount_fd`` (close it when done)."""
+    clone = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(clone, FUSE_DEV_IOC_CLONE, struct.pack("<I", mount_fd))
+    except OSError:
+        os.close(clone)
+        raise
+    return clone
+
+
+def _seconds_split(seconds: float) -> tuple[int, int]:
+    whole = int(seconds)
+    return whole, int((seconds - whole) * 1e9)
+
+
+def _attr(entry: pyfuse3.EntryAttributes) -> bytes:
+    atime, mtime, ctime = entry.st_atime_ns, entry.st_mtime_ns, entry.st_ctime_ns
+    return _ATTR.pack(
+        entry.st_ino,
+        entry.st_size,
+        entry.st_blocks,
+        atime // 10**9,
+        mtime // 10**9,
+        ctime // 10**9,
+        atime % 10**9,
+        mtime % 10**9,
+        ctime % 10**9,
+        entry.st_mode,
+        entry.st_nlink,
+        entry.st_uid,
+        entry.st_gid,
+        entry.st_rdev,
+        entry.st_blksize,
+        0,
+    )
+
+
+def _entry_out(entry: pyfuse3.EntryAttributes) -> bytes:
+    entry_seconds, entry_nanoseconds = _seconds_split(entry.entry_timeout)
+    attr_seconds, attr_nanoseconds = _seconds_split(entry.attr_timeout)
+    return _ENTRY_OUT.pack(
+        entry.st_ino,
+        entry.generation,
+        entry_seconds,
+        attr_seconds,
+        entry_nanoseconds,
+        attr_nanoseconds,
+    ) + _attr(entry)
+
+
+def _attr_out(entry: pyfuse3.EntryAttributes) -> bytes:
+    seconds, nanoseconds = _seconds_split(entry.attr_timeout)
+    return _ATTR_OUT.pack(seconds, nanoseconds, 0) + _attr(entry)
+
+
+def _open_out(info: pyfuse3.FileInfo) -> bytes:
+    flags = (
+        (_FOPEN_DIRECT_IO if info.direct_io else 0)
+        | (_FOPEN_KEEP_CACHE if info.keep_cache else 0)
+        | (_FOPEN_NONSEEKABLE if info.nonseekable else 0)
+    )
+    return _OPEN_OUT.pack(info.fh, flags, 0)
+
+
+def _dirent(name: bytes, entry: pyfuse3.EntryAttributes, next_offset: int) -> bytes:
+    record = _DIRENT.pack(entry.st_ino, next_offset, len(name), (entry.st_mode >> 12) & 0o17)
+    return record + name + b"\0" * (-(len(record) + len(name)) % 8)
+
+
+def _direntplus(name: bytes, entry: pyfuse3.EntryAttributes, next_offset: int) -> bytes:
+    return _entry_out(entry) + _dirent(name, entry, next_offset)
+
+
+class DeviceChannel:
+    """Answers the requests that reach one cloned /dev/fuse descriptor.
+
+    ``served`` counts requests by opcode name, for the statistics of the
+    process that runs the channel.
+    """
+
+    def __init__(self, device_fd: int, operations: Operations) -> None:
+        self._fd = device_fd
+        self._operations = operations
+        self._buffer = bytearray(_READ_BUFFER_BYTES)
+        os.set_blocking(device_fd, False)
+        self._handlers: dict[int, Callable[[_Request], Awaitable[bytes]]] = {
+            _LOOKUP: self._lookup,
+            _GETATTR: self._getattr,
+            _OPEN: self._open,
+            _READ: self._read,
+            _RELEASE: self._release,
+            _OPENDIR: self._opendir,
+            _READDIR: self._readdir,
+            _READDIRPLUS: self._readdirplus,
+            _RELEASEDIR: self._releasedir,
+            _STATFS: self._statfs,
+        }
+
+    async def serve(self) -> None:
+        """Serve until the mount goes away (the device then reads ``ENODEV``)."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                request = await self._next_request()
+                if request is None:
+                    break
+                nursery.start_soon(self._answer, request)
+            nursery.cancel_scope.cancel()
+
+    async def _next_request(self) -> _Request | None:
+        while True:
+            await trio.lowlevel.wait_readable(self._fd)
+            try:
+                size = os.readv(self._fd, [self._buffer])
+            except BlockingIOError:
+                continue  # another process took it
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:  # the request was interrupted: read again
+                    continue
+                if exc.errno == errno.ENODEV:  # unmounted
+                    return None
+                raise
+            if size < _IN_HEADER.size:
+                log.error("short request of %d bytes from the FUSE device", size)
+                continue
+            return _Request.parse(bytes(memoryview(self._buffer)[:size]))
+
+    async def _answer(self, request: _Request) -> None:
+        if request.opcode in _NO_REPLY:
+            await self._forget(request)
+            return
+        handler = self._handlers.get(request.opcode)
+        try:
+            if handler is None:
+                raise pyfuse3.FUSEError(errno.ENOSYS)
+            body = await handler(request)
+        except pyfuse3.FUSEError as exc:
+            self._reply(request.unique, -exc.errno, b"")
+            return
+        except Exception:  # Operations guards every handler; this is a bug of the channel
+            log.exception("request %d failed in the device channel", request.opcode)
+            self._reply(request.unique, -errno.EIO, b"")
+            return
+        self._reply(request.unique, 0, body)
+
+    def _reply(self, unique: int, error: int, body: bytes) -> None:
+        header = _OUT_HEADER.pack(_OUT_HEADER.size + len(body), error, unique)
+        try:
+            os.writev(self._fd, [header, body] if body else [header])
+        except OSError as exc:
+            # ENOENT: the request was interrupted and is gone; the caller saw EINTR.
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                log.error("cannot reply to the kernel: %s", exc)
+
+    async def _forget(self, request: _Request) -> None:
+        if request.opcode == _FORGET:
+            (references,) = _FORGET_IN.unpack_from(request.body)
+            forgotten = [(request.nodeid, references)]
+        elif request.opcode == _BATCH_FORGET:
+            count, _ = _BATCH_FORGET_IN.unpack_from(request.body)
+            start = _BATCH_FORGET_IN.size
+            count = min(count, (len(request.body) - start) // _FORGET_ONE.size)
+            forgotten = [
+                _FORGET_ONE.unpack_from(request.body, start + i * _FORGET_ONE.size)
+                for i in range(count)
+            ]
+        else:
+            return  # INTERRUPT: handlers run to the end; the kernel has told the caller
+        await self._operations.forget(forgotten)  # logs and swallows its own failures
+
+    async def _lookup(self, request: _Request) -> bytes:
+        name = request.body.split(b"\0", 1)[0]
+        return _entry_out(await self._operations.lookup(request.nodeid, name, request.context()))
+
+    async def _getattr(self, request: _Request) -> bytes:
+        return _attr_out(await self._operations.getattr(request.nodeid, request.context()))
+
+    async def _open(self, request: _Request) -> bytes:
+        flags, _ = _OPEN_IN.unpack_from(request.body)
+        return _open_out(await self._operations.open(request.nodeid, flags, request.context()))
+
+    async def _read(self, request: _Request) -> bytes:
+        fh, offset, size, _ = _READ_IN.unpack_from(request.body)
+        return await self._operations.read(fh, offset, size)
+
+    async def _release(self, request: _Request) -> bytes:
+        (fh,) = _RELEASE_IN.unpack_from(request.body)
+        await self._operations.release(fh)
+        return b""
+
+    async def _opendir(self, request: _Request) -> bytes:
+        fh = await self._operations.opendir(request.nodeid, request.context())
+        return _OPEN_OUT.pack(fh, 0, 0)
+
+    async def _readdirplus(self, request: _Request) -> bytes:
+        return await self._directory(request, _direntplus)
+
+    async def _readdir(self, request: _Request) -> bytes:
+        return await self._directory(request, _dirent)
+
+    async def _directory(
+        self, request: _Request, record_of: Callable[[bytes, pyfuse3.EntryAttributes, int], bytes]
+    ) -> bytes:
+        fh, offset, size, _ = _READ_IN.unpack_from(request.body)
+        records: list[bytes] = []
+        used = 0
+        most = size // _SMALLEST_DIRENT_BYTES + 1
+        for name, entry, next_offset in await self._operations.directory_entries(fh, offset, most):
+            record = record_of(name, entry, next_offset)
+            if used + len(record) > size:
+                break
+            records.append(record)
+            used += len(record)
+        return b"".join(records)
+
+    async def _releasedir(self, request: _Request) -> bytes:
+        (fh,) = _RELEASE_IN.unpack_from(request.body)
+        await self._operations.releasedir(fh)
+        return b""
+
+    async def _statfs(self, request: _Request) -> bytes:
+        stats = await self._operations.statfs(request.context())
+        return _STATFS_OUT.pack(
+            stats.f_blocks,
+            stats.f_bfree,
+            stats.f_bavail,
+            stats.f_files,
+            stats.f_ffree,
+            stats.f_bsize,
+            stats.f_namemax,
+            stats.f_frsize,
+            0,
+        )
+
+
+@dataclass(frozen=True)
+class _Request:
+    opcode: int
+    unique: int
+    nodeid: int
+    uid: int
+    gid: int
+    pid: int
+    body: bytes
+
+    @classmethod
+    def parse(cls, message: bytes) -> _Request:
+        length, opcode, unique, nodeid, uid, gid, pid, _, _ = _IN_HEADER.unpack_from(message)
+        return cls(opcode, unique, nodeid, uid, gid, pid, message[_IN_HEADER.size : length])
+
+    def context(self) -> Any:
+        """Stands in for pyfuse3.RequestContext, which only pyfuse3 can make."""
+        return _Context(self.uid, self.gid, self.pid)

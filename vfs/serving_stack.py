@@ -1,0 +1,153 @@
+"""What one serving process of a mount holds: library, decoders, cache, filesystem.
+
+The daemon builds one; each extra serving process of ``--serving-processes``
+builds its own from the same source and options (see
+:mod:`cutfs.vfs.serving_process`), with its share of the decoder workers and
+of the block cache, so that the memory of a mount stays what was configured
+however many processes serve it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from cutfs.codec.library import Library
+from cutfs.codec.source_policy import SourcePolicy
+from cutfs.vfs.block_cache import BlockCache
+from cutfs.vfs.decode_pool import DecodePool
+from cutfs.vfs.filesystem import Filesystem
+from cutfs.vfs.frame_source import FrameSource
+from cutfs.vfs.operations import Operations
+from cutfs.vfs.prometheus import render_metrics
+from cutfs.vfs.serving_user import ServingUser
+from cutfs.vfs.snapshot_store import SnapshotStore
+from cutfs.vfs.statistics import Statistics
+from cutfs.vfs.statistics_board import StatisticsBoard
+
+if TYPE_CHECKING:
+    from cutfs.vfs.mount import MountOptions
+
+
+@dataclass(frozen=True)
+class ProcessShare:
+    """One serving process's part of a mount's resources."""
+
+    workers: int
+    cache_bytes: int
+
+    @classmethod
+    def of(cls, options: MountOptions, processes: int) -> ProcessShare:
+        """An even split of ``options`` among ``processes`` (at least one worker each,
+        unless the mount decodes in the daemon)."""
+        workers = 0 if options.workers == 0 else max(1, -(-options.workers // processes))
+        return cls(workers, options.cache_bytes // processes)
+
+
+@dataclass
+class ServingStack:
+    """The objects that answer one process's share of a mount's requests."""
+
+    library: Library
+    pool: DecodePool
+    frames: FrameSource
+    filesystem: Filesystem
+    operations: Operations
+    statistics: Statistics
+    #: This process's sections of ``.cutfs/stats`` (cache, workers, store...), live.
+    sections: Callable[[], dict[str, Any]]
+    board: StatisticsBoard | None
+
+    def publish(self) -> None:
+        """Publish this process's figures for the other serving processes, if any."""
+        if self.board is not None:
+            self.board.publish(self.statistics, self.sections())
+
+    @classmethod
+    def open(
+        cls,
+        stack: ExitStack,
+        library: Library,
+        mountpoint: str,
+        options: MountOptions,
+        share: ProcessShare,
+        *,
+        policy: SourcePolicy | None,
+        user: ServingUser | None,
+        kernel: dict[str, str],
+        extra_status: Callable[[], dict[str, Any]] = dict,
+        board: StatisticsBoard | None = None,
+        shared_spans: str | None = None,
+        snapshot_dir: str | None = None,
+    ) -> ServingStack:
+        """Start the decoder workers and build the filesystem over ``library``.
+
+        Everything opened is closed by ``stack``.  ``kernel`` holds the kernel
+        settings applied to the mount, and ``extra_status`` sections added to
+        ``.cutfs/stats``; both are read each time the statistics are.  With a
+        ``board``, the statistics shown add up every serving process's, and
+        ``shared_spans`` is the time-range table they share and ``snapshot_dir``
+        where they keep the snapshots of ``.cutfs/stats`` each open reads.
+        """
+        statistics = Statistics()
+        pool = DecodePool(
+            library,
+            share.workers,
+            options.read_timeout_seconds,
+            statistics,
+            options.profile,
+            policy=policy,
+            user=user,
+        )
+        stack.callback(pool.close)
+        pool.start()  # the workers start while the tree is built
+        cache = BlockCache(share.cache_bytes, options.block_frames)
+        frames = FrameSource(library, cache, pool, statistics if options.profile else None)
+
+        def sections() -> dict[str, Any]:
+            return {
+                "cache": asdict(cache.statistics()),
+                "workers": asdict(pool.statistics()),
+                "shards": library.describe(),
+                "store": pool.store_counters(),
+                "views": {"time_ranges": filesystem.time_ranges},
+                "indexing": {"in_progress": frames.recordings_being_indexed},
+                **extra_status(),
+            }
+
+        def combined() -> tuple[Statistics, dict[str, Any]]:
+            if board is None:
+                return statistics, sections()
+            return board.combine(statistics, sections())
+
+        def status() -> bytes:
+            total, total_sections = combined()
+            snapshot = total.snapshot(kernel=kernel, **total_sections)
+            return (json.dumps(snapshot, indent=2) + "\n").encode()
+
+        def metrics() -> bytes:
+            total, total_sections = combined()
+            total_sections.pop("serving", None)
+            return render_metrics(total, total_sections).encode()
+
+        filesystem = Filesystem(
+            library,
+            frames,
+            mountpoint,
+            status,
+            options.windows,
+            options.output_format,
+            metrics,
+            shared_spans,
+        )
+        operations = Operations(
+            filesystem,
+            options.ownership,
+            statistics,
+            options.direct_io,
+            SnapshotStore(snapshot_dir),
+        )
+        return cls(library, pool, frames, filesystem, operations, statistics, sections, board)

@@ -1,0 +1,76 @@
+"""Snapshots of volatile files (``.cutfs/stats``), one per open, kept until release.
+
+A reader that opens ``.cutfs/stats`` must see one consistent text however
+many reads it takes, so each open takes a snapshot and reads are served from
+it.  When several processes serve a mount, the open and the reads of one file
+handle may reach different processes: the snapshot is then also written to a
+directory the processes share, where any of them finds it.  At most
+:data:`KEPT` snapshots are kept (the oldest go first): a release may reach a
+process that never saw the open, and a reader that never releases must not
+grow the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Final
+
+#: Snapshots kept at once, in memory and in the shared directory.
+KEPT: Final = 256
+#: A shared snapshot larger than this is not read back (they are a few KiB).
+_LARGEST_BYTES: Final = 64 << 20
+
+
+class SnapshotStore:
+    """Snapshots by file handle; shared through ``directory`` when it is given."""
+
+    def __init__(self, directory: str | None = None) -> None:
+        self._directory = directory
+        self._local: dict[int, bytes] = {}
+        if directory is not None:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+
+    def _path(self, handle: int) -> str:
+        assert self._directory is not None
+        return os.path.join(self._directory, f"{handle:x}")
+
+    def put(self, handle: int, snapshot: bytes) -> None:
+        self._local[handle] = snapshot
+        while len(self._local) > KEPT:
+            del self._local[next(iter(self._local))]
+        if self._directory is None:
+            return
+        self._trim_shared()
+        temporary = f"{self._path(handle)}.{os.getpid()}"
+        with open(temporary, "wb") as file:
+            file.write(snapshot)
+        os.replace(temporary, self._path(handle))
+
+    def get(self, handle: int) -> bytes | None:
+        """The snapshot of ``handle``, or ``None`` if no process has it (any more)."""
+        snapshot = self._local.get(handle)
+        if snapshot is not None or self._directory is None:
+            return snapshot
+        try:
+            with open(self._path(handle), "rb") as file:
+                snapshot = file.read(_LARGEST_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        return snapshot if len(snapshot) <= _LARGEST_BYTES else None
+
+    def drop(self, handle: int) -> None:
+        self._local.pop(handle, None)
+        if self._directory is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(handle))
+
+    def _trim_shared(self) -> None:
+        assert self._directory is not None
+        with os.scandir(self._directory) as entries:
+            files = sorted(
+                (entry.stat().st_mtime_ns, entry.path) for entry in entries if entry.is_file()
+            )
+        for _, path in files[: max(0, len(files) - KEPT + 1)]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
