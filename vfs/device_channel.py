@@ -57,6 +57,10 @@ _BATCH_FORGET_IN = struct.Struct("<II")  # count, dummy
 _FORGET_ONE = struct.Struct("<QQ")  # nodeid, nlookup
 _DIRENT = struct.Struct("<QQII")  # ino, off, namelen, type
 _STATFS_OUT = struct.Struct("<QQQQQIIII24x")  # blocks bfree bavail files ffree bsize namelen frsize
+_INIT_IN = struct.Struct("<IIII")  # major, minor, max_readahead, flags
+# major minor max_readahead flags max_background congestion_threshold max_write time_gran
+# max_pages map_alignment flags2, unused
+_INIT_OUT = struct.Struct("<IIIIHHIIHHI28x")
 
 _LOOKUP, _FORGET, _GETATTR = 1, 2, 3
 _OPEN, _READ, _STATFS, _RELEASE = 14, 15, 17, 18
@@ -66,6 +70,23 @@ _INTERRUPT, _DESTROY, _BATCH_FORGET, _READDIRPLUS = 36, 38, 42, 44
 _NO_REPLY: Final = frozenset({_FORGET, _BATCH_FORGET, _INTERRUPT})
 
 _FOPEN_DIRECT_IO, _FOPEN_KEEP_CACHE, _FOPEN_NONSEEKABLE = 1, 2, 4
+
+#: The protocol version this channel speaks: 7.31 (every layout here is that version's).
+_MAJOR, _MINOR = 7, 31
+#: What a channel asks the kernel for at INIT, where it offers them: the capabilities
+#: libfuse 3 asks for by default with pyfuse3's choices (READDIRPLUS always, not "auto";
+#: lookups of "." and ".."), and reads of up to 256 pages (1 MiB).
+_INIT_FLAGS: Final = (
+    (1 << 0)  # ASYNC_READ: several reads of one file at once
+    | (1 << 4)  # EXPORT_SUPPORT
+    | (1 << 12)  # AUTO_INVAL_DATA
+    | (1 << 13)  # DO_READDIRPLUS
+    | (1 << 15)  # ASYNC_DIO
+    | (1 << 18)  # PARALLEL_DIROPS
+    | (1 << 22)  # MAX_PAGES
+)
+_MAX_PAGES: Final = 256
+_MAX_WRITE_BYTES: Final = 1 << 20
 #: A directory entry with a name of one byte takes at least this much of a reply.
 _SMALLEST_DIRENT_BYTES: Final = _DIRENT.size + 8
 #: Room for the largest request the kernel may send (a write of max_pages, never sent here).
@@ -180,6 +201,36 @@ class DeviceChannel:
             _RELEASEDIR: self._releasedir,
             _STATFS: self._statfs,
         }
+
+    async def answer_init(self) -> None:
+        """Wait for the kernel's INIT request and answer it (on the mount's own descriptor,
+        before any clone is made: a clone could read it too).
+
+        Raises :class:`OSError` if the first request is not INIT or the kernel's protocol
+        is older than 7.31.
+        """
+        request = await self._next_request()
+        if request is None or request.opcode != _INIT:
+            raise OSError(errno.EPROTO, "the kernel's first request was not INIT")
+        major, minor, max_readahead, offered = _INIT_IN.unpack_from(request.body)
+        if (major, minor) < (_MAJOR, _MINOR):
+            self._reply(request.unique, -errno.EPROTO, b"")
+            raise OSError(errno.EPROTO, f"FUSE protocol {major}.{minor} is older than 7.31")
+        reply = _INIT_OUT.pack(
+            _MAJOR,
+            _MINOR,
+            max_readahead,
+            offered & _INIT_FLAGS,
+            0,  # max_background and congestion threshold: the kernel's defaults
+            0,
+            _MAX_WRITE_BYTES,
+            1,  # time granularity: nanoseconds
+            _MAX_PAGES,
+            0,
+            0,
+        )
+        self._reply(request.unique, 0, reply)
+        log.debug("answered INIT of FUSE %d.%d: flags %#x", major, minor, offered & _INIT_FLAGS)
 
     async def serve(self) -> None:
         """Serve until the mount goes away (the device then reads ``ENODEV``)."""

@@ -38,7 +38,7 @@ from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES, SourcePolicy
 from cutfs.vfs import kernel_tuning
 from cutfs.vfs.block_cache import DEFAULT_BLOCK_FRAMES
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
-from cutfs.vfs.device_channel import DeviceChannel, clone_device
+from cutfs.vfs.device_channel import DeviceChannel
 from cutfs.vfs.filesystem import Windows
 from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.operations import Ownership
@@ -358,7 +358,6 @@ def serve(
                     _indexing_reporter(frames, library),
                     servers,
                     serving,
-                    mountpoint,
                     user,
                 )
         finally:
@@ -373,7 +372,6 @@ async def _run(
     report_indexing: Callable[[], Awaitable[None]],
     servers: ServingProcesses | None,
     serving: ServingStack,
-    mountpoint: str,
     user: ServingUser | None,
 ) -> None:
     serving_scope = trio.CancelScope()
@@ -394,33 +392,27 @@ async def _run(
             if servers is None:
                 await pyfuse3.main()
             else:
-                await _serve_in_processes(servers, serving, mountpoint, user)
+                await _serve_in_processes(servers, serving, user)
         nursery.cancel_scope.cancel()
 
 
 async def _serve_in_processes(
-    servers: ServingProcesses, serving: ServingStack, mountpoint: str, user: ServingUser | None
+    servers: ServingProcesses, serving: ServingStack, user: ServingUser | None
 ) -> None:
-    """Serve through cloned descriptors, in this process and in the serving processes.
+    """Serve through the mount's descriptor here and through clones in the serving
+    processes, each with a :class:`DeviceChannel`.
 
-    pyfuse3 answers the kernel's INIT (libfuse keeps the negotiated session) and is
-    then stopped: its descriptor blocks, so a pyfuse3 loop woken for a request
-    another process took would stall until the next one.  Every process then
-    reads a non-blocking clone through a :class:`DeviceChannel`.  pyfuse3's
-    session stays open, for the unmount at the end.
+    pyfuse3 mounted and will unmount, but its loop never runs: the daemon answers
+    the kernel's INIT itself, before any clone exists.  (A pyfuse3 loop stopped after
+    INIT can lose a request it was woken for, and its blocking descriptor would stall
+    it whenever another process read the request it was woken for.)
     """
-    async with trio.open_nursery() as handover:
-        handover.start_soon(pyfuse3.main)
-        await trio.to_thread.run_sync(os.statvfs, mountpoint)  # answered: INIT is over
-        pyfuse3.terminate()  # pyfuse3 reads no more; requests wait in the kernel meanwhile
     mount_fd = mount_device_fd()
+    channel = DeviceChannel(mount_fd, serving.operations)
+    await channel.answer_init()
     with as_root(user):
         servers.start(mount_fd)
-    own = clone_device(mount_fd)
-    try:
-        await DeviceChannel(own, serving.operations).serve()
-    finally:
-        os.close(own)
+    await channel.serve()
 
 
 def _shared_directory(stack: ExitStack, user: ServingUser | None) -> str:

@@ -1,8 +1,8 @@
 """Extra processes serving one mount (``cutfs mount --serving-processes N``).
 
-The daemon mounts through pyfuse3, which answers the kernel's INIT; then
-pyfuse3 stops reading and the daemon starts ``N - 1`` serving processes,
-handing each a clone of its ``/dev/fuse`` descriptor.  Each opens the same
+The daemon mounts through pyfuse3 but does not run its loop: it answers the
+kernel's INIT itself, then starts ``N - 1`` serving processes, handing each a
+clone of its ``/dev/fuse`` descriptor.  Each opens the same
 source, builds its own :class:`~cutfs.vfs.serving_stack.ServingStack` (its
 share of the decoder workers and of the block cache) and answers requests
 through a :class:`~cutfs.vfs.device_channel.DeviceChannel`, as the daemon
