@@ -126,6 +126,13 @@ def main() -> int:
     parser.add_argument("--cuts-per-recording", type=int, default=60)
     parser.add_argument("--mount-workers", type=int, default=None, help="cutfs --workers")
     parser.add_argument("--rounds", type=int, default=1, help="epochs per system, interleaved")
+    parser.add_argument(
+        "--serving-processes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="mount once per count given (cutfs --serving-processes), e.g. 1 2",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("run as root: cold starts drop the kernel page cache")
@@ -137,8 +144,10 @@ def main() -> int:
     originals = [(str(setup.corpus[cut.recording]), cut.start_seconds) for cut in cuts]
     mountpoint = args.work / "mnt"
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    mounted_paths = [_cut_path(mountpoint, cut) for cut in cuts]
+    mounts = {_mount_name(n): n for n in args.serving_processes}
     systems: dict[str, Callable[[], Any]] = {
-        "cutfs mount": lambda: MountedCuts([_cut_path(mountpoint, cut) for cut in cuts]),
+        **{name: (lambda: MountedCuts(mounted_paths)) for name in mounts},
         "cutfs in-process": lambda: CutfsInProcess(str(setup.shards), [cut.cut_id for cut in cuts]),
         "soundfile, originals": lambda: OriginalCuts(originals),
     }
@@ -147,8 +156,8 @@ def main() -> int:
     epochs: dict[str, list[dict[str, Any]]] = {system: [] for system in systems}
     for _ in range(args.rounds):  # rounds alternate between systems: noise falls on all
         for system, make in systems.items():
-            if system == "cutfs mount":
-                _mount(setup.shards, mountpoint, args.mount_workers)
+            if system in mounts:
+                _mount(setup.shards, mountpoint, args.mount_workers, mounts[system])
             _drop_caches()
             row = _epoch(torch, make(), args.workers, args.batch_size, device)
             _unmount(mountpoint)
@@ -186,11 +195,24 @@ def _cut_path(mountpoint: Path, cut: Cut) -> str:
     return str(mountpoint / "cuts" / f"{cut.cut_id}.wav")
 
 
-def _mount(shards: Path, mountpoint: Path, workers: int | None) -> None:
+def _mount_name(serving_processes: int) -> str:
+    if serving_processes == 1:
+        return "cutfs mount"
+    return f"cutfs mount, {serving_processes} serving processes"
+
+
+def _mount(shards: Path, mountpoint: Path, workers: int | None, serving_processes: int) -> None:
     _unmount(mountpoint)
     mountpoint.mkdir(parents=True, exist_ok=True)
     options = ["--workers", str(workers)] if workers is not None else []
+    options += ["--serving-processes", str(serving_processes)]
     subprocess.run([*CUTFS, "mount", *options, str(shards), str(mountpoint)], check=True)
+    deadline = time.monotonic() + 120
+    while serving_processes > 1:  # every serving process answers before the epoch starts
+        stats = json.loads((mountpoint / ".cutfs" / "stats").read_bytes())
+        if stats["serving"]["ready"] == serving_processes or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
 
 
 def _installed(module: str) -> bool:

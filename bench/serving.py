@@ -5,9 +5,13 @@ the other in one run, and measures with R reader processes:
 
 - warm opens: each reader opens a cut already in the page cache, reads it and
   closes it, in a loop (the kernel sends OPEN and RELEASE; the data comes from
-  the page cache): the request rate one mount sustains;
-- cold cuts: each reader reads distinct 10 s cuts once, after the page cache
-  is dropped (lookup, open, one read, release, and a decode).
+  the page cache): the request rate one mount sustains, beside the same loop
+  over the cuts copied as plain WAV files to tmpfs;
+- uncached cuts: each reader reads 10 s cuts once each, after the kernel's page
+  and dentry caches are dropped (lookup, open, one read, release).  The decoded
+  audio is in the daemon's block cache by then (the warm phase read every cut,
+  and the cache holds them all): this measures what serving processes change,
+  the requests, not decoding, which ``--workers`` scales.
 
 FUSE requests per cut are counted from ``.cutfs/stats``.  Ratios are against one
 serving process with the same readers.  Run as root (``drop_caches``)::
@@ -46,6 +50,9 @@ def main() -> int:
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--readers", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--workers", type=int, default=2, help="decoder workers of a mount")
+    parser.add_argument(
+        "--cache-size", default="3G", help="the mount's block cache, split among its processes"
+    )
     parser.add_argument("--seconds", type=float, default=4.0, help="per warm measurement")
     parser.add_argument("--cold-cuts", type=int, default=600, help="per cold measurement")
     parser.add_argument("--rounds", type=int, default=3, help="repeats; medians are reported")
@@ -53,10 +60,20 @@ def main() -> int:
 
     shards = _prepare(args.work)
     results: list[dict[str, Any]] = []
+    tmpfs = _wav_copies(shards, args.work)
     for round_number in range(args.rounds):
+        for readers in args.readers:  # the same loop over plain WAV files in memory
+            results.append(
+                {
+                    "round": round_number,
+                    "processes": 0,
+                    "readers": readers,
+                    **_warm(tmpfs, sorted(os.listdir(tmpfs / "cuts")), readers, args.seconds),
+                }
+            )
         for processes in args.processes:
             mountpoint = args.work / "mnt"
-            with _mounted(shards, mountpoint, processes, args.workers):
+            with _mounted(shards, mountpoint, processes, args.workers, args.cache_size):
                 cuts = sorted(os.listdir(mountpoint / "cuts"))
                 for readers in args.readers:
                     results.append(
@@ -64,7 +81,7 @@ def main() -> int:
                             "round": round_number,
                             "processes": processes,
                             "readers": readers,
-                            **_warm(mountpoint, cuts[:2000], readers, args.seconds),
+                            **_warm(mountpoint, cuts, readers, args.seconds),
                             **_cold(mountpoint, cuts, readers, args.cold_cuts, round_number),
                         }
                     )
@@ -128,11 +145,13 @@ def _prepare(work: Path) -> Path:
 
 
 @contextmanager
-def _mounted(shards: Path, mountpoint: Path, processes: int, workers: int) -> Iterator[None]:
+def _mounted(
+    shards: Path, mountpoint: Path, processes: int, workers: int, cache_size: str
+) -> Iterator[None]:
     mountpoint.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [*CUTFS, "mount", "--serving-processes", str(processes), "--workers", str(workers),
-         str(shards), str(mountpoint)],
+         "--cache-size", cache_size, str(shards), str(mountpoint)],
         check=True,
     )  # fmt: skip
     try:
@@ -147,12 +166,23 @@ def _mounted(shards: Path, mountpoint: Path, processes: int, workers: int) -> It
         time.sleep(0.5)
 
 
+def _wav_copies(shards: Path, work: Path) -> Path:
+    """Every cut as a plain WAV file on tmpfs (/dev/shm), copied from a mount once."""
+    copies = Path("/dev/shm") / "cutfs-bench-serving"
+    if not (copies / "cuts").is_dir():
+        with _mounted(shards, work / "mnt", 1, 2, "512M"):
+            shutil.copytree(work / "mnt" / "cuts", copies / "cuts")
+    return copies
+
+
 def _stats(mountpoint: Path) -> dict[str, Any]:
     result: dict[str, Any] = json.loads((mountpoint / ".cutfs" / "stats").read_bytes())
     return result
 
 
 def _requests(mountpoint: Path) -> int:
+    if not (mountpoint / ".cutfs").exists():
+        return 0  # not a mount: the tmpfs copies
     time.sleep(1.2)  # every serving process has published its counters since
     counters = _stats(mountpoint)["counters"]
     return sum(v for k, v in counters.items() if k.startswith("requests."))
@@ -168,9 +198,8 @@ def _warm_reader(paths: list[str], seconds: float, start: int, step: int) -> int
     deadline = time.monotonic() + seconds
     index = start
     while time.monotonic() < deadline:
-        descriptor = os.open(paths[index % len(paths)], os.O_RDONLY)
-        os.read(descriptor, 1 << 20)
-        os.close(descriptor)
+        with open(paths[index % len(paths)], "rb") as cut:  # as bench/run.py reads them
+            cut.read()
         opened += 1
         index += step
     return opened
@@ -243,14 +272,18 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"`python bench/serving.py --processes {' '.join(map(str, args.processes))} "
         f"--readers {' '.join(map(str, args.readers))} --rounds {args.rounds}` on "
         f"{os.cpu_count()} cores; medians of {args.rounds} rounds; ratios against one "
-        "serving process with the same readers.",
+        "serving process with the same readers. Warm: open, read from the page cache, "
+        "close. Uncached: the page and dentry caches dropped, the decoded audio mostly in "
+        "the daemon's block cache.",
         "",
-        "| serving processes | readers | warm opens/s | ratio | FUSE requests/s | "
-        "requests per warm open | cold cuts/s | ratio | cold p50 ms | requests per cold cut |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| serving processes | readers | warm opens/s | ratio | / tmpfs | FUSE requests/s | "
+        "requests per warm open | uncached cuts/s | ratio | uncached p50 ms | "
+        "requests per uncached cut |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for processes in args.processes:
         for readers in args.readers:
+            tmpfs = _median(results, 0, readers, "warm_opens_per_second")
 
             def median(key: str, p: int = processes, r: int = readers) -> float:
                 return _median(results, p, r, key)
@@ -260,11 +293,21 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             base_cold = _median(results, args.processes[0], readers, "cold_cuts_per_second")
             lines.append(
                 f"| {processes} | {readers} | {warm:,.0f} | {warm / base_warm:.2f}x | "
+                f"{warm / tmpfs:.2f}x | "
                 f"{median('warm_requests_per_second'):,.0f} | "
                 f"{median('warm_requests_per_open'):.2f} | {cold:,.1f} | "
                 f"{cold / base_cold:.2f}x | {median('cold_p50_ms'):.2f} | "
                 f"{median('cold_requests_per_cut'):.2f} |"
             )
+    lines += [
+        "",
+        "The same warm loop over the cuts copied to tmpfs as plain WAV files: "
+        + ", ".join(
+            f"{r} readers {_median(results, 0, r, 'warm_opens_per_second'):,.0f} opens/s"
+            for r in args.readers
+        )
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -288,10 +288,14 @@ def test_a_shard_directory_that_cannot_be_read_is_refused_at_mount(
     assert not is_mounted(str(tmp_path))
 
 
-def test_rows_that_lie_fail_only_the_reads_they_reach(shard_dir: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", ["1", "3"])
+def test_rows_that_lie_fail_only_the_reads_they_reach(
+    shard_dir: str, tmp_path: Path, processes: str
+) -> None:
     """Rows are checked where they are used (a mount of millions does not read them all):
     a cut past its recording's end and a seek index past its blob each fail the files that
-    use them, with a log line naming them; every other file is served."""
+    use them, with a log line naming them; every other file is served.  The same through
+    serving processes, whose log lines reach the daemon's log."""
     copy = tmp_path / "lying"
     shutil.copytree(shard_dir, copy)
     cuts = pa.ipc.open_file(pa.memory_map(str(copy / CUTS_FILE))).read_all()
@@ -308,14 +312,17 @@ def test_rows_that_lie_fail_only_the_reads_they_reach(shard_dir: str, tmp_path: 
     _rewrite_column(copy / CUTS_FILE, "num_frames", _far_past_the_end)
     _rewrite_column(copy / RECORDINGS_FILE, "seek_byte_offsets", _seek_point_past_the_blob)
     log = tmp_path / "log"
-    with mounted(str(copy), str(tmp_path / "mnt"), "--log-file", str(log)) as mount:
-        for path in (
-            os.path.join(mount, "cuts", f"{lying_cut}.wav"),
-            os.path.join(mount, "recordings", f"{lying_recording}.wav"),
-        ):
-            with pytest.raises(OSError) as failed:
-                _read(path)
-            assert failed.value.errno == errno.EIO
+    options = ("--log-file", str(log), "--serving-processes", processes)
+    with mounted(str(copy), str(tmp_path / "mnt"), *options) as mount:
+        for _ in range(int(processes)):  # whichever process answers
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            for path in (
+                os.path.join(mount, "cuts", f"{lying_cut}.wav"),
+                os.path.join(mount, "recordings", f"{lying_recording}.wav"),
+            ):
+                with pytest.raises(OSError) as failed:
+                    _read(path)
+                assert failed.value.errno == errno.EIO
         assert _read(os.path.join(mount, "cuts", f"{honest_cut}.wav"))[:4] == b"RIFF"
     text = log.read_text()
     assert f"cut {lying_cut!r} lies outside its recording" in text

@@ -422,9 +422,10 @@ def _shared_directory(stack: ExitStack, user: ServingUser | None) -> str:
     directory = tempfile.mkdtemp(prefix="cutfs-serving-")
     stack.callback(shutil.rmtree, directory, ignore_errors=True)
     SharedSpanTable.create(shared_spans_path(directory))
+    os.mkdir(shared_snapshots_path(directory), mode=0o700)
     if user is not None:
-        os.chown(directory, user.uid, user.gid)
-        os.chown(shared_spans_path(directory), user.uid, user.gid)
+        for path in (directory, shared_spans_path(directory), shared_snapshots_path(directory)):
+            os.chown(path, user.uid, user.gid)
     return directory
 
 
