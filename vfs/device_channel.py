@@ -1,25 +1,26 @@
-"""Serving a mount's requests from a clone of its /dev/fuse descriptor.
+"""Serving a mount's requests from its /dev/fuse descriptor or a clone of it.
 
-One pyfuse3 event loop answers about 13 000 requests a second, whatever the
-cores.  The kernel lets several processes serve one mount: a process opens
-``/dev/fuse`` and clones the mount's descriptor onto it (``FUSE_DEV_IOC_CLONE``);
-from then on every request of the mount goes to whichever descriptor reads it
-first, and its reply must be written to the same descriptor.  libfuse cannot
-drive a clone in another process (its session state, INIT included, lives in
-the process that mounted), so a :class:`DeviceChannel` speaks the kernel's
-protocol itself: it reads a request, calls the *same* :class:`Operations`
-method pyfuse3 would call, and writes the reply.  Errors therefore become
-errno values in one place, ``Operations``, for both paths.
+One pyfuse3 event loop answers a mount's requests on one core.  The kernel lets
+several processes serve one mount: a process opens ``/dev/fuse`` and clones the
+mount's descriptor onto it (``FUSE_DEV_IOC_CLONE``); from then on every request
+of the mount goes to whichever descriptor reads it first, and its reply must be
+written to the same descriptor.  libfuse cannot drive a clone in another
+process (its session state, INIT included, lives in the process that mounted),
+so a :class:`DeviceChannel` speaks the kernel's protocol itself: it answers
+INIT (:meth:`DeviceChannel.answer_init`, once, on the mount's own descriptor),
+then reads each request, calls the *same* :class:`Operations` method pyfuse3
+would call, and writes the reply.  Errors therefore become errno values in one
+place, ``Operations``, for both paths.
 
 Only what a read-only mount is asked is understood (lookup, getattr, open,
-read, release, flush, opendir, readdirplus, releasedir, statfs, forget,
-interrupt); anything else is answered ``ENOSYS``, which makes the kernel stop
-asking for most of it.  The descriptor is non-blocking: when several
-processes wake for one request, the ones that lose the race go back to
-waiting instead of blocking their event loop.
+read, release, opendir, readdir, readdirplus, releasedir, statfs, forget,
+batch forget, interrupt); anything else, flush included, is answered
+``ENOSYS``, which makes the kernel stop asking for most of it.  The descriptor
+is non-blocking: when several processes wake for one request, the ones that
+lose the race go back to waiting instead of blocking their event loop.
 
-The wire layouts follow ``include/uapi/linux/fuse.h`` (protocol 7.31 and
-later, which every kernel libfuse 3 negotiates with has).
+The wire layouts follow ``include/uapi/linux/fuse.h`` at protocol 7.31, the
+version the channel negotiates (kernels since 5.2 offer it or later).
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ from cutfs.vfs.serving_process import (
     ServingSetup,
     mount_device_fd,
     publish_statistics,
+    shared_board_path,
     shared_snapshots_path,
     shared_spans_path,
 )
@@ -292,7 +293,9 @@ def serve(
             kernel=kernel,
             extra_status=lambda: {"serving": servers.describe()} if servers else {},
             board=(
-                StatisticsBoard(shared_dir, 0, options.serving_processes) if shared_dir else None
+                StatisticsBoard(shared_board_path(shared_dir), 0, options.serving_processes)
+                if shared_dir
+                else None
             ),
             shared_spans=shared_spans_path(shared_dir) if shared_dir else None,
             snapshot_dir=shared_snapshots_path(shared_dir) if shared_dir else None,
@@ -416,16 +419,23 @@ async def _serve_in_processes(
 
 
 def _shared_directory(stack: ExitStack, user: ServingUser | None) -> str:
-    """A private directory of what the serving processes share: their statistics and
-    the time-range table (owned by the user the daemon reads as: the processes write as
-    that user); removed at exit."""
+    """A private directory of what the serving processes share, removed at exit.
+
+    The directory and the time-range table are root's (every process opens the
+    table before it acts as the user): its numbers name recordings and frames.  The
+    statistics and the snapshots are written as the user the daemon reads as, into
+    subdirectories of that user's: that user could alter the figures
+    ``.cutfs/stats`` shows, which are only parsed, bounded and shown.
+    """
     directory = tempfile.mkdtemp(prefix="cutfs-serving-")
     stack.callback(shutil.rmtree, directory, ignore_errors=True)
     SharedSpanTable.create(shared_spans_path(directory))
-    os.mkdir(shared_snapshots_path(directory), mode=0o700)
+    for subdirectory in (shared_board_path(directory), shared_snapshots_path(directory)):
+        os.mkdir(subdirectory, mode=0o700)
+        if user is not None:
+            os.chown(subdirectory, user.uid, user.gid)
     if user is not None:
-        for path in (directory, shared_spans_path(directory), shared_snapshots_path(directory)):
-            os.chown(path, user.uid, user.gid)
+        os.chmod(directory, 0o711)  # the user reaches its subdirectories, lists nothing
     return directory
 
 

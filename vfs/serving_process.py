@@ -84,6 +84,11 @@ def shared_spans_path(shared_dir: str) -> str:
     return os.path.join(shared_dir, "time-ranges")
 
 
+def shared_board_path(shared_dir: str) -> str:
+    """Where the serving processes of a mount publish their statistics."""
+    return os.path.join(shared_dir, "statistics")
+
+
 def shared_snapshots_path(shared_dir: str) -> str:
     """Where the serving processes of a mount keep the snapshots of ``.cutfs/stats``."""
     return os.path.join(shared_dir, "snapshots")
@@ -263,7 +268,7 @@ def _serving_main(
             policy=setup.policy,
             user=setup.user,
             kernel={},
-            board=StatisticsBoard(setup.shared_dir, index, setup.processes),
+            board=StatisticsBoard(shared_board_path(setup.shared_dir), index, setup.processes),
             shared_spans=shared_spans_path(setup.shared_dir),
             snapshot_dir=shared_snapshots_path(setup.shared_dir),
         )
