@@ -90,6 +90,7 @@ _MAX_PAGES: Final = 256
 _MAX_WRITE_BYTES: Final = 1 << 20
 #: A directory entry with a name of one byte takes at least this much of a reply.
 _SMALLEST_DIRENT_BYTES: Final = _DIRENT.size + 8
+_SMALLEST_DIRENTPLUS_BYTES: Final = _ENTRY_OUT.size + _ATTR.size + _SMALLEST_DIRENT_BYTES
 #: Room for the largest request the kernel may send (a write of max_pages, never sent here).
 _READ_BUFFER_BYTES: Final = (1 << 20) + 4096
 
@@ -331,18 +332,21 @@ class DeviceChannel:
         return _OPEN_OUT.pack(fh, 0, 0)
 
     async def _readdirplus(self, request: _Request) -> bytes:
-        return await self._directory(request, _direntplus)
+        return await self._directory(request, _direntplus, _SMALLEST_DIRENTPLUS_BYTES)
 
     async def _readdir(self, request: _Request) -> bytes:
-        return await self._directory(request, _dirent)
+        return await self._directory(request, _dirent, _SMALLEST_DIRENT_BYTES)
 
     async def _directory(
-        self, request: _Request, record_of: Callable[[bytes, pyfuse3.EntryAttributes, int], bytes]
+        self,
+        request: _Request,
+        record_of: Callable[[bytes, pyfuse3.EntryAttributes, int], bytes],
+        smallest_bytes: int,
     ) -> bytes:
         fh, offset, size, _ = _READ_IN.unpack_from(request.body)
         records: list[bytes] = []
         used = 0
-        most = size // _SMALLEST_DIRENT_BYTES + 1
+        most = size // smallest_bytes + 1  # attributes are made only for what can fit
         for name, entry, next_offset in await self._operations.directory_entries(fh, offset, most):
             record = record_of(name, entry, next_offset)
             if used + len(record) > size:

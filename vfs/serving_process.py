@@ -73,8 +73,8 @@ class ServingSetup:
     #: The daemon's library identity: a process that opens something else refuses.
     identity: str
     processes: int
-    #: What the processes share: statistics (see :mod:`cutfs.vfs.statistics_board`) and
-    #: the time-range table (:func:`shared_spans_path`).
+    #: What the processes share: the time-range table, statistics and snapshots (see
+    #: :func:`shared_spans_path`, :func:`shared_board_path`, :func:`shared_snapshots_path`).
     shared_dir: str
     log_level: int = logging.INFO
 
@@ -242,6 +242,17 @@ def _serving_main(
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent()
     device = reduction.recv_handle(connection)
+    try:
+        _serve_clone(connection, setup, index, device)
+    except SystemExit:
+        raise
+    except BaseException:
+        # The daemon's log says why (the traceback would only reach this process's stderr).
+        log.exception("serving process %d failed", index)
+        raise SystemExit(1) from None
+
+
+def _serve_clone(connection: Connection, setup: ServingSetup, index: int, device: int) -> None:
     # Imported here, not at the top: the mount module imports this one to start the processes.
     from cutfs.vfs.mount import open_source  # noqa: PLC0415
 
