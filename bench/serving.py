@@ -29,6 +29,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -38,6 +39,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
+from processes import daemon_pids, pss_bytes
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
@@ -56,7 +60,22 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="per warm measurement")
     parser.add_argument("--cold-cuts", type=int, default=600, help="per cold measurement")
     parser.add_argument("--rounds", type=int, default=3, help="repeats; medians are reported")
+    parser.add_argument(
+        "--catalogue",
+        type=Path,
+        help="instead: mount this shard directory (say, 10 million cuts from bench/scale.py) "
+        "with each process count and report start-up time, memory and cold lookups "
+        "(OUT/serving-catalogue.md)",
+    )
     args = parser.parse_args()
+    if args.catalogue is not None:
+        report = _catalogue_report(args.catalogue, args.work / "mnt", args.processes, args.rounds)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "serving-catalogue.md").write_text(
+            "# Serving processes over a large catalogue\n\n" + report
+        )
+        print(report)
+        return 0
 
     shards = _prepare(args.work)
     results: list[dict[str, Any]] = []
@@ -164,6 +183,62 @@ def _mounted(
     finally:
         subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
         time.sleep(0.5)
+
+
+def _catalogue_report(shards: Path, mountpoint: Path, counts: list[int], rounds: int) -> str:
+    """Mount a large catalogue with each count of serving processes, in turns: seconds
+    until the mount answers and until every process is ready, PSS of every process and
+    decoder worker, and lookups and whole reads of random cuts with cold caches."""
+    ids = pa.ipc.open_file(pa.memory_map(str(shards / "cuts.arrow"))).read_all().column("cut_id")
+    rng = random.Random(1)
+    names = [f"{ids[rng.randrange(len(ids))].as_py()}.wav" for _ in range(200)]
+    rows: list[dict[str, Any]] = []
+    for _ in range(rounds):
+        for count in counts:
+            mountpoint.mkdir(parents=True, exist_ok=True)
+            started = time.perf_counter()
+            with _mounted(shards, mountpoint, count, 2, "512M"):
+                ready = time.perf_counter() - started
+                pids = _stats(mountpoint).get("serving", {}).get("pids") or daemon_pids(mountpoint)
+                workers = subprocess.run(
+                    ["pgrep", "-P", ",".join(map(str, pids))],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                ).stdout.split()
+                memory = pss_bytes(sorted(set(pids) | {int(pid) for pid in workers}))
+                _drop_caches()
+                began = time.perf_counter()
+                for name in names:
+                    os.stat(mountpoint / "cuts" / name)
+                lookup = (time.perf_counter() - began) / len(names)
+                began = time.perf_counter()
+                for name in names[:50]:
+                    (mountpoint / "cuts" / name).read_bytes()
+                read = (time.perf_counter() - began) / 50
+            rows.append(
+                {"processes": count, "ready": ready, "pss": memory, "lookup": lookup, "read": read}
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    lines = [
+        f"`python bench/serving.py --catalogue {shards.name} --processes "
+        f"{' '.join(map(str, counts))} --rounds {rounds}` (medians): {len(ids):,} cuts",
+        "",
+        "| serving processes | every process ready, s | PSS of all, MB | cold lookup, ms "
+        "| cold whole cut, ms |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for count in counts:
+        mine = [row for row in rows if row["processes"] == count]
+
+        def median(key: str, of: list[dict[str, Any]] = mine) -> float:
+            return statistics.median(row[key] for row in of)
+
+        lines.append(
+            f"| {count} | {median('ready'):.2f} | {median('pss') / 1e6:.0f} | "
+            f"{median('lookup') * 1e3:.2f} | {median('read') * 1e3:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _wav_copies(shards: Path, work: Path) -> Path:
