@@ -27,7 +27,6 @@ from cutfs.codec.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
-from cutfs.codec.mapped_table import release_mapped_pages
 from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.pack_plan import refuse_uncommitted
 from cutfs.codec.remote_shards import is_remote, open_remote_shards
@@ -47,6 +46,7 @@ from cutfs.vfs.serving_process import (
     ServingSetup,
     mount_device_fd,
     publish_statistics,
+    release_catalogue_pages,
     shared_board_path,
     shared_snapshots_path,
     shared_spans_path,
@@ -388,7 +388,7 @@ async def _run(
         nursery.start_soon(pool.watch)
         nursery.start_soon(tune_kernel)
         nursery.start_soon(report_indexing)
-        nursery.start_soon(_release_catalogue_pages)
+        nursery.start_soon(release_catalogue_pages)
         on_ready()
         _notify_systemd("READY=1")
         with serving_scope:
@@ -437,19 +437,6 @@ def _shared_directory(stack: ExitStack, user: ServingUser | None) -> str:
     if user is not None:
         os.chmod(directory, 0o711)  # the user reaches its subdirectories, lists nothing
     return directory
-
-
-#: How often the catalogue's mapped pages are dropped from the daemon's page tables.
-_RELEASE_PAGES_SECONDS = 10.0
-
-
-async def _release_catalogue_pages() -> None:
-    """Every 10 s, release the catalogue pages the daemon mapped (see
-    :func:`cutfs.codec.mapped_table.release_mapped_pages`): its memory then stays what it
-    holds, not what a scan of millions of rows once touched."""
-    while True:
-        await trio.sleep(_RELEASE_PAGES_SECONDS)
-        release_mapped_pages()
 
 
 #: How often the first indexing of a source served in place is reported in the log.

@@ -294,7 +294,7 @@ def _serve_clone(connection: Connection, setup: ServingSetup, index: int, device
 async def _serve(channel: DeviceChannel, serving: ServingStack) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(serving.pool.watch)
-        nursery.start_soon(_release_pages)
+        nursery.start_soon(release_catalogue_pages)
         nursery.start_soon(publish_statistics, serving)
         await channel.serve()
         nursery.cancel_scope.cancel()
@@ -314,9 +314,16 @@ async def publish_statistics(serving: ServingStack) -> None:
         await trio.sleep(_PUBLISH_SECONDS)
 
 
-async def _release_pages() -> None:
+#: How often the catalogue's mapped pages are dropped from a process's page tables.
+_RELEASE_PAGES_SECONDS: Final = 10.0
+
+
+async def release_catalogue_pages() -> None:
+    """Every 10 s, release the catalogue pages this process mapped (see
+    :func:`cutfs.codec.mapped_table.release_mapped_pages`): its memory then stays what it
+    holds, not what a scan of millions of rows once touched."""
     while True:
-        await trio.sleep(10.0)
+        await trio.sleep(_RELEASE_PAGES_SECONDS)
         release_mapped_pages()
 
 
