@@ -14,12 +14,15 @@ demuxer asks for are read, by bounded ranges.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import av
 import numpy as np
@@ -28,6 +31,7 @@ import soundfile
 
 from cutfs.codec.blob import Blob
 from cutfs.codec.errors import CorruptDataError, CutfsError
+from cutfs.codec.flac_frame import MAX_HEADER_BYTES, frame_first_sample
 from cutfs.codec.pcm import Int16Array, float_to_s16, int_to_s16, packed_to_s16, sample_bytes
 from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording, pts_to_frames
 from cutfs.codec.seek_index import SeekPoint
@@ -161,23 +165,125 @@ def _pcm_frames(
 def _sndfile_frames(
     blob: Blob, recording: Recording, first: int, end: int, trace: DecodeTrace
 ) -> Int16Array:
+    """FLAC through libsndfile, from the seek point at or before ``first``.
+
+    libsndfile is given the stream's header and then the bytes from that point to the
+    one after ``end`` (:func:`sndfile_span`), as if the file had been cut there, and
+    decodes them straight through: it never seeks (libFLAC's seek probes frames around
+    the file, and python-soundfile seeks again after every read).  The spliced bytes go
+    to a memory file that libsndfile reads by plain system calls; a span too long for
+    that (reads of whole long recordings) is read through :class:`SpliceReader`.
+    """
     mark = time.perf_counter() if trace.profile else 0.0
-    reader = SpliceReader(blob, 0, 0)
-    with _store_errors_of(reader), soundfile.SoundFile(reader, mode="r") as sound:
-        sound.seek(first)
+    point, stop = sndfile_span(recording, len(blob), first, end)
+    if point.sample > first:
+        raise CorruptDataError(
+            f"the seek index starts at frame {point.sample}, after frame {first}",
+            where=recording.recording_id,
+        )
+    _check_flac_frame(blob, recording, point)
+    header_bytes = min(recording.header_bytes, point.byte_offset)
+    spliced_bytes = header_bytes + stop - point.byte_offset
+    with contextlib.ExitStack() as stack:
+        if spliced_bytes <= MEMORY_SPLICE_BYTES:
+            source: Any = stack.enter_context(_memory_splice(blob, header_bytes, point, stop))
+        else:
+            reader = SpliceReader(blob, header_bytes, point.byte_offset, stop=stop)
+            stack.enter_context(_store_errors_of(reader))
+            source = reader
+        sound = stack.enter_context(_ForwardSoundFile(source, mode="r", closefd=False))
         if trace.profile:
             mark = _phase(trace, "open", mark)
-        frames = sound.read(end - first, dtype="int16", always_2d=True)
+        frames = sound.read(end - point.sample, dtype="int16", always_2d=True)
         if trace.profile:
             _phase(trace, "decode", mark)
     trace.frames_decoded += len(frames)
-    trace.bytes_read += reader.bytes_read
-    if len(frames) != end - first:
+    trace.bytes_read += spliced_bytes
+    if len(frames) != end - point.sample:
         raise CorruptDataError(
-            f"audio ends at frame {first + len(frames)}, expected {end}",
+            f"audio ends at frame {point.sample + len(frames)}, expected {end}",
             where=recording.recording_id,
         )
-    return np.ascontiguousarray(frames)
+    return frames[first - point.sample :]
+
+
+#: The longest splice handed to libsndfile as a memory file (8 minutes of 16 kHz FLAC;
+#: a decode through the mount is at most 98 s): longer ones are streamed, so that memory
+#: stays bounded whatever range a caller of the library asks for.
+MEMORY_SPLICE_BYTES: Final = 16 << 20
+
+
+def sndfile_span(
+    recording: Recording, blob_bytes: int, first: int, end: int
+) -> tuple[SeekPoint, int]:
+    """Where a FLAC decode of frames ``[first, end)`` starts (the seek point at or before
+    ``first``) and the byte where its span ends (the seek point after ``end``, or the end
+    of the blob): the bytes it reads besides the header."""
+    index = recording.seek_index
+    after = index.first_point_after(end)
+    return index.point_at_or_before(first), blob_bytes if after is None else after.byte_offset
+
+
+def _check_flac_frame(blob: Blob, recording: Recording, point: SeekPoint) -> None:
+    """Refuse a seek point where no FLAC frame of its sample starts: decoding from it
+    would serve other samples than the ones asked for."""
+    if point.byte_offset < recording.header_bytes:
+        return  # the start of the stream: libsndfile reads on from the header
+    found = frame_first_sample(blob.read(point.byte_offset, point.byte_offset + MAX_HEADER_BYTES))
+    if found != point.sample + recording.timeline_origin:
+        raise CorruptDataError(
+            f"the seek index says sample {point.sample} starts at byte {point.byte_offset}, "
+            + ("where no FLAC frame starts" if found is None else f"where frame {found} starts"),
+            where=recording.recording_id,
+        )
+
+
+@contextmanager
+def _memory_splice(blob: Blob, header_bytes: int, point: SeekPoint, stop: int) -> Iterator[int]:
+    """A memory file (descriptor) of the header and the span, read by libsndfile without
+    calling back into Python.
+
+    Each thread keeps its memory file: allocating its pages again for every decode cost
+    about 0.15 ms of a 2.5 ms FLAC cut.  What it keeps is at most
+    :data:`KEPT_SPLICE_BYTES`; longer splices are let go once decoded.
+    """
+    descriptor = getattr(_splice_files, "descriptor", None)
+    if descriptor is None:
+        descriptor = _splice_files.descriptor = os.memfd_create("cutfs-splice", os.MFD_CLOEXEC)
+    size = header_bytes + stop - point.byte_offset
+    try:
+        os.ftruncate(descriptor, size)
+        at = _write_all(descriptor, blob.read(0, header_bytes), 0)
+        _write_all(descriptor, blob.read(point.byte_offset, stop), at)
+        os.lseek(descriptor, 0, os.SEEK_SET)
+        yield descriptor
+    finally:
+        if size > KEPT_SPLICE_BYTES:
+            os.ftruncate(descriptor, 0)
+
+
+#: The most of its splice file a thread keeps between decodes (a 10 s cut of 16 kHz mono
+#: FLAC is about 270 KB; 48 kHz stereo 24-bit about 2.5 MB).
+KEPT_SPLICE_BYTES: Final = 4 << 20
+_splice_files = threading.local()
+
+
+def _write_all(descriptor: int, data: memoryview, at: int) -> int:
+    view = data.cast("B")
+    while view:
+        written = os.pwrite(descriptor, view, at)
+        view = view[written:]
+        at += written
+    return at
+
+
+class _ForwardSoundFile(soundfile.SoundFile):  # type: ignore[misc]
+    """A sound file read forward only: python-soundfile seeks to where each read ended
+    when the file says it can seek, which libsndfile answers for FLAC with a search
+    over the frames, and which a spliced stream cannot answer at all."""
+
+    def seekable(self) -> bool:
+        return False
 
 
 def _decoded_frames(
@@ -310,7 +416,8 @@ def _reader_at(blob: Blob, recording: Recording, point: SeekPoint) -> SpliceRead
 
 
 class SpliceReader(io.RawIOBase):
-    """A read-only file of ``blob[:header_bytes] + blob[resume_at:]``, without copying it.
+    """A read-only file of ``blob[:header_bytes] + blob[resume_at:stop]``, without copying
+    it (``stop`` defaults to the end of the blob).
 
     Demuxers get the container header they need to set up the stream, then
     the bytes from a seek point, as if the file had been cut there.  Every read
@@ -318,7 +425,13 @@ class SpliceReader(io.RawIOBase):
     """
 
     def __init__(
-        self, blob: Blob, header_bytes: int, resume_at: int, *, seekable: bool = True
+        self,
+        blob: Blob,
+        header_bytes: int,
+        resume_at: int,
+        *,
+        stop: int | None = None,
+        seekable: bool = True,
     ) -> None:
         """A reader that is not ``seekable`` keeps demuxers from probing the end of the file
         (duration, trailing tags): a round trip to remote storage, for nothing."""
@@ -327,7 +440,8 @@ class SpliceReader(io.RawIOBase):
         self._seekable = seekable
         self._header_bytes = min(header_bytes, resume_at)
         self._resume_at = resume_at
-        self._size = self._header_bytes + len(blob) - resume_at
+        stop = len(blob) if stop is None else min(max(stop, resume_at), len(blob))
+        self._size = self._header_bytes + stop - resume_at
         self._position = 0
         self.bytes_read = 0
         self.bytes_read_reported = 0

@@ -26,9 +26,9 @@ class DecodeMethod(StrEnum):
     SPLICE = "splice"
     #: Containers with their own sample tables (MP4/M4A): the demuxer seeks.
     SEEK = "seek"
-    #: FLAC through libsndfile (python-soundfile), which seeks with the frame
-    #: headers' sample numbers and decodes faster than PyAV; the seek index is
-    #: kept for accounting and as the fallback plan.
+    #: FLAC through libsndfile (python-soundfile), which decodes faster than
+    #: PyAV: spliced like ``SPLICE`` at a seek point (whose frame header is checked)
+    #: and decoded straight through from there, without libFLAC's seek.
     SNDFILE = "sndfile"
 
 

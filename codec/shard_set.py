@@ -20,7 +20,7 @@ from cutfs.codec.byte_store import ByteStore
 from cutfs.codec.catalogue_copy import catalogue_directory
 from cutfs.codec.cut import Cut
 from cutfs.codec.cut_table import CutTable
-from cutfs.codec.decoder import DecodeTrace, decode_frames
+from cutfs.codec.decoder import DecodeTrace, decode_frames, sndfile_span
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import TREE_FILES, FileTree, served_paths, write_file_tree
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
@@ -30,7 +30,6 @@ from cutfs.codec.mapped_table import int_view, read_mapped
 from cutfs.codec.pcm import Int16Array, sample_bytes
 from cutfs.codec.recording import DecodeMethod, Recording
 from cutfs.codec.recording_table import RecordingTable
-from cutfs.codec.seek_index import SeekPoint
 from cutfs.codec.shard_format import (
     CUTS_FILE,
     CUTS_SCHEMA,
@@ -381,14 +380,13 @@ def _built_catalogue(
 
 #: How far around the bytes it needs a decoder reads, by method: (past the header,
 #: before the seek point, past the seek point after the wanted frames).  Measured over the
-#: test corpus's codecs, with room: libsndfile reads 8 KiB past the header, libFLAC
-#: positions itself up to 21 KiB before a seek point and decodes the block after the span
-#: (added per recording, :func:`_frame_bytes_before`); Opus and AAC decoders read up to
-#: 19 KiB past the span (their reader's buffer, the packets that fill the decoder's delay);
-#: MP4 demuxers up to 52 KiB either side.  Fetched with the span, so that none of it is a
-#: second request; too little costs a request, never a wrong sample.
+#: test corpus's codecs, with room: Opus and AAC decoders read up to 19 KiB past the span
+#: (their reader's buffer, the packets that fill the decoder's delay); MP4 demuxers up to
+#: 52 KiB either side.  FLAC through libsndfile reads exactly its splice.  Fetched with the
+#: span, so that none of it is a second request; too little costs a request, never a wrong
+#: sample.
 DECODER_MARGINS_BYTES: Final = {
-    DecodeMethod.SNDFILE: (16 << 10, 32 << 10, 8 << 10),
+    DecodeMethod.SNDFILE: (0, 0, 0),
     DecodeMethod.SPLICE: (0, 0, 32 << 10),
     DecodeMethod.SEEK: (0, 64 << 10, 64 << 10),
 }
@@ -408,30 +406,17 @@ def _decode_spans(
         frame_bytes = sample_bytes(recording.pcm_format) * recording.channels
         data_start = recording.header_bytes
         return [(data_start + first * frame_bytes, data_start + end * frame_bytes)]
-    index = recording.seek_index
-    span_start = index.point_at_or_before(first - recording.preroll_frames).byte_offset
-    after = index.first_point_after(end)
-    span_end = after.byte_offset if after is not None else blob_bytes
+    if recording.method is DecodeMethod.SNDFILE:
+        point, span_end = sndfile_span(recording, blob_bytes, first, end)
+        span_start = point.byte_offset
+    else:
+        index = recording.seek_index
+        span_start = index.point_at_or_before(first - recording.preroll_frames).byte_offset
+        after = index.first_point_after(end)
+        span_end = after.byte_offset if after is not None else blob_bytes
     past_header, before, past_span = DECODER_MARGINS_BYTES[recording.method]
-    if recording.method is DecodeMethod.SNDFILE and after is not None:
-        past_span += _frame_bytes_before(index.point_at_or_before(end), after)
     header_end = min(recording.header_bytes + past_header, blob_bytes)
     return [(0, header_end), (max(span_start - before, 0), min(span_end + past_span, blob_bytes))]
-
-
-#: The longest block libFLAC's encoder writes at the usual settings (frames per block).
-_LONGEST_FLAC_BLOCK_FRAMES: Final = 4608
-
-
-def _frame_bytes_before(point: SeekPoint, after: SeekPoint) -> int:
-    """About the bytes of one encoded block at the end of a span: libsndfile decodes the
-    block that starts at the seek point after the wanted frames too, reading its bytes.
-    Estimated from the bytes per frame between the span's last two seek points."""
-    frames = after.sample - point.sample
-    if frames <= 0:
-        return 0
-    per_frame = (after.byte_offset - point.byte_offset) / frames
-    return int(per_frame * _LONGEST_FLAC_BLOCK_FRAMES * 1.25)
 
 
 def _identity(directory: str, shard_versions: list[str]) -> str:

@@ -1,0 +1,138 @@
+"""FLAC through libsndfile from a seek point: frame headers, a wrong index, long spans."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import subprocess
+
+import pytest
+from conftest import Reference, recording_id
+
+from cutfs.codec import decoder
+from cutfs.codec.decoder import DecodeTrace, decode_frames
+from cutfs.codec.errors import CorruptDataError
+from cutfs.codec.flac_frame import frame_first_sample
+from cutfs.codec.recording import DecodeMethod
+from cutfs.codec.seek_index import SeekIndex
+from cutfs.codec.shard_set import ShardSet
+
+FLAC_NAMES = ["flac_mono_16k.flac", "flac_s24_stereo_48k.flac", "flac_6ch_16k.flac"]
+
+
+@pytest.fixture(scope="module")
+def shards(shard_dir: str) -> ShardSet:
+    return ShardSet(shard_dir)
+
+
+def _index(shards: ShardSet, name: str) -> int:
+    return list(shards.recording_ids).index(recording_id(name))
+
+
+def _ffprobe_packets(path: str) -> list[tuple[int, int]]:
+    """(byte offset, first sample) of every FLAC frame, as ffprobe's parser finds them."""
+    shown = subprocess.run(
+        [
+            *("ffprobe", "-v", "error", "-select_streams", "a:0"),
+            *("-show_entries", "packet=pos,pts", "-of", "json", path),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [(int(p["pos"]), int(p["pts"])) for p in json.loads(shown)["packets"]]
+
+
+@pytest.mark.parametrize("name", FLAC_NAMES)
+def test_every_frame_header_gives_the_sample_ffprobe_gives(
+    name: str, corpus: dict[str, str]
+) -> None:
+    with open(corpus[name], "rb") as flac_file:
+        data = flac_file.read()
+    packets = _ffprobe_packets(corpus[name])
+    assert len(packets) > 50
+    # The last frame of a fixed-blocksize stream is shorter: its number times its own block
+    # size is not its sample (documented; the index never points there).
+    for position, sample in packets[:-1]:
+        assert frame_first_sample(data[position : position + 16]) == sample
+        # One byte off is not a frame header (sync code, reserved bits and CRC-8).
+        assert frame_first_sample(data[position + 1 : position + 17]) is None
+
+
+def _bitwise_crc8(data: bytes) -> int:
+    crc = 0
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x07) & 0xFF if crc & 0x80 else (crc << 1) & 0xFF
+    return crc
+
+
+def test_a_variable_blocksize_header_gives_its_sample_number() -> None:
+    """No encoder here writes variable block sizes: the header is built by the format's
+    rules, a 7-byte coded sample number and an 8-bit block size."""
+    sample = 2**35 + 12345
+    coded = bytes([0xFE] + [0x80 | (sample >> shift) & 0x3F for shift in range(30, -1, -6)])
+    header = bytes([0xFF, 0xF9, 0x69, 0x08]) + coded + bytes([99])  # block size 100 frames
+    assert frame_first_sample(header + bytes([_bitwise_crc8(header)])) == sample
+    assert frame_first_sample(header + bytes([_bitwise_crc8(header) ^ 1])) is None
+    assert frame_first_sample(header[:6]) is None
+
+
+@pytest.mark.parametrize("name", FLAC_NAMES)
+def test_long_splices_stream_and_match_the_full_decode(
+    name: str,
+    shards: ShardSet,
+    references: dict[str, Reference],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Splices too long for a memory file are read through the bounded reader instead,
+    with the same samples and exactly the spliced bytes."""
+    monkeypatch.setattr(decoder, "MEMORY_SPLICE_BYTES", 1)
+    index = _index(shards, name)
+    recording = shards.recording(index)
+    assert recording.method is DecodeMethod.SNDFILE
+    rng = random.Random(name)
+    for _ in range(6):
+        first = rng.randrange(recording.num_frames - 1)
+        end = min(recording.num_frames, first + rng.randrange(1, 5 * recording.sample_rate))
+        trace = DecodeTrace()
+        references[name].assert_matches(shards.read_frames(index, first, end, trace), first)
+        point, stop = decoder.sndfile_span(recording, len(shards.blob(index)), first, end)
+        assert trace.bytes_read == recording.header_bytes + stop - point.byte_offset
+
+
+@pytest.mark.parametrize("name", FLAC_NAMES)
+def test_a_seek_point_at_the_wrong_byte_fails_instead_of_serving_other_samples(
+    name: str, shards: ShardSet, references: dict[str, Reference]
+) -> None:
+    index = _index(shards, name)
+    recording = shards.recording(index)
+    samples = recording.seek_index.samples.copy()
+    offsets = recording.seek_index.byte_offsets.copy()
+    assert len(samples) > 10
+    middle = len(samples) // 2
+    first = int(samples[middle]) + 10
+    end = first + 1000
+    blob = shards.blob(index)
+    references[name].assert_matches(decode_frames(blob, recording, first, end), first)
+    for wrong in (int(offsets[middle - 1]), int(offsets[middle]) + 1):
+        moved = offsets.copy()
+        moved[middle] = wrong
+        plan = dataclasses.replace(recording, seek_index=SeekIndex(samples, moved))
+        with pytest.raises(CorruptDataError, match="seek index says sample"):
+            decode_frames(blob, plan, first, end)
+
+
+def test_an_index_starting_after_the_frames_asked_for_fails(
+    shards: ShardSet, references: dict[str, Reference]
+) -> None:
+    name = "flac_mono_16k.flac"
+    index = _index(shards, name)
+    recording = shards.recording(index)
+    references[name].assert_matches(decode_frames(shards.blob(index), recording, 100, 200), 100)
+    late = SeekIndex(recording.seek_index.samples + 4000, recording.seek_index.byte_offsets)
+    plan = dataclasses.replace(recording, seek_index=late)
+    with pytest.raises(CorruptDataError, match="seek index starts at frame 4000"):
+        decode_frames(shards.blob(index), plan, 100, 200)
