@@ -194,7 +194,7 @@ def _sndfile_frames(
         sound = stack.enter_context(_ForwardSoundFile(source, mode="r", closefd=False))
         if trace.profile:
             mark = _phase(trace, "open", mark)
-        frames = sound.read(end - point.sample, dtype="int16", always_2d=True)
+        frames: Int16Array = sound.read(end - point.sample, dtype="int16", always_2d=True)
         if trace.profile:
             _phase(trace, "decode", mark)
     trace.frames_decoded += len(frames)

@@ -87,14 +87,18 @@ class OutputFormat:
         mean: npt.NDArray[np.float64] = samples.mean(axis=1, keepdims=True)
         return mean
 
-    def encode(self, samples: npt.NDArray[np.generic]) -> bytes:
-        """Interleaved little-endian samples in the 16-bit scale, as the file stores them."""
+    def encode(self, samples: npt.NDArray[np.generic]) -> memoryview:
+        """Interleaved little-endian samples in the 16-bit scale, as the file stores them:
+        the bytes of ``samples`` themselves (no copy) when they are contiguous 16-bit
+        samples served as they are."""
         samples = self.downmix(samples)
         if self.float32:
-            return (np.asarray(samples, dtype=np.float64) / 32768.0).astype("<f4").tobytes()
-        if samples.dtype != np.int16:
-            samples = np.clip(np.rint(samples), -32768, 32767).astype(np.int16)
-        return np.ascontiguousarray(samples).astype("<i2", copy=False).tobytes()
+            encoded = (np.asarray(samples, dtype=np.float64) / 32768.0).astype("<f4")
+        elif samples.dtype != np.int16:
+            encoded = np.clip(np.rint(samples), -32768, 32767).astype("<i2")
+        else:
+            encoded = np.ascontiguousarray(samples).astype("<i2", copy=False)
+        return encoded.data.cast("B")
 
 
 #: Resamplers kept designed: one per source rate in use (speech corpora have a handful).

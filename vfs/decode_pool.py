@@ -258,17 +258,18 @@ class DecodePool:
                     ) from None
                 if reply == _READY:
                     continue  # a replacement worker announcing itself
-                if isinstance(reply, _StoreCounts):
-                    for name, grown in reply.grown.items():
-                        self._store_counts[name] = self._store_counts.get(name, 0) + grown
-                    continue
                 if isinstance(reply, _CommandStarted):
                     worker.command_groups.add(reply.group)  # killed with the worker
                     continue
-                if isinstance(reply, BaseException):
-                    raise reply
                 worker.command_groups.clear()  # the worker reaped them
-                answer: tuple[Any, DecodeTrace] = reply
+                if not isinstance(reply, _Reply):
+                    self._replace(worker, f"sent a {type(reply).__name__} {frames}")
+                    raise WorkerDiedError(f"the decoder worker failed {frames}", where=where)
+                for name, grown in reply.store_grown.items():
+                    self._store_counts[name] = self._store_counts.get(name, 0) + grown
+                if isinstance(reply.result, BaseException):
+                    raise reply.result
+                answer: tuple[Any, DecodeTrace] = reply.result
                 if isinstance(answer[0], _SharedFrames):
                     return worker.shared_frames(answer[0]), answer[1]
                 return answer
@@ -295,10 +296,12 @@ _READY = "ready"
 
 
 @dataclass(frozen=True, slots=True)
-class _StoreCounts:
-    """How much a worker's store counters grew while it answered a request."""
+class _Reply:
+    """A worker's answer to a request (its result, or the error it raised), with how much
+    its store's counters grew meanwhile: one message, one wake-up of the event loop."""
 
-    grown: dict[str, int]
+    result: tuple[Any, DecodeTrace] | CutfsError
+    store_grown: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,16 +473,15 @@ def _worker_main(connection: Connection, setup: _WorkerSetup) -> None:
             request = connection.recv()
         except (EOFError, OSError):
             return
+        result: tuple[Any, DecodeTrace] | CutfsError
         try:
-            reply: Any = _shared(_answer(library, request, profile), pcm)
+            result = _shared(_answer(library, request, profile), pcm)
         except CutfsError as exc:
-            reply = exc
+            result = exc
         counts = library.counters()
         grown = {name: value - reported.get(name, 0) for name, value in counts.items()}
-        if any(grown.values()):
-            connection.send(_StoreCounts(grown))
         reported = counts
-        connection.send(reply)
+        connection.send(_Reply(result, {name: n for name, n in grown.items() if n}))
 
 
 def _shared(reply: tuple[Any, DecodeTrace], pcm: mmap.mmap) -> tuple[Any, DecodeTrace]:

@@ -361,19 +361,19 @@ class Filesystem:
         return None if source is None else source.layout
 
     async def _read_wav(self, source: WavSource, offset: int, size: int) -> bytes:
+        """The bytes of the file, the samples copied once on their way from the cache to the
+        reply (a 10 s cut at 16 kHz is 320 KB): the encoded samples are a view where they
+        need no conversion, and the reply is joined from views."""
         layout = source.layout
         end = min(offset + size, layout.size_bytes)
-        if offset >= end:
-            return b""
-        parts: list[bytes] = []
-        if offset < HEADER_BYTES:
-            parts.append(layout.header()[offset:end])
         first, last = layout.frames_for_bytes(offset, size)
-        if last > first:
-            data = self._format.encode(await self._samples(source, first, last))
-            data_start = HEADER_BYTES + first * layout.frame_bytes
-            parts.append(data[max(offset, HEADER_BYTES) - data_start : end - data_start])
-        return b"".join(parts)
+        header = layout.header()[offset:end] if offset < HEADER_BYTES else b""
+        if last <= first:
+            return header
+        data = self._format.encode(await self._samples(source, first, last))
+        data_start = HEADER_BYTES + first * layout.frame_bytes
+        skip = max(offset, HEADER_BYTES) - data_start
+        return b"".join((header, data[skip : skip + end - offset - len(header)]))
 
     async def _samples(self, source: WavSource, first: int, last: int) -> np.ndarray:
         """The file's frames ``[first, last)`` before encoding (16-bit scale).
