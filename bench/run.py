@@ -95,6 +95,7 @@ def main() -> int:
         results["throughput"] = _throughput(setup, mounts)
         results["bytes_per_cold_cut"] = _bytes_per_cut(setup, mounts)
     results["cold_scaling"] = _cold_scaling(setup)
+    results["uncached_throughput"] = _uncached_throughput(setup)
     results["catalogue"] = _catalogue(setup, [10_000, 100_000] + ([1_000_000] if args.full else []))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -682,6 +683,57 @@ def _cold_scaling(setup: Setup) -> list[dict[str, Any]]:
     return rows
 
 
+def _soundfile_loop(cuts: list[tuple[str, float]], seconds: float, seed: int) -> int:
+    rng = random.Random(seed)
+    stop = time.monotonic() + seconds
+    done = 0
+    while time.monotonic() < stop:
+        path, start_seconds = rng.choice(cuts)
+        _soundfile_cut(Path(path), start_seconds)
+        done += 1
+    return done
+
+
+def _uncached_throughput(setup: Setup, readers: int = 2) -> list[dict[str, Any]]:
+    """Cuts decoded per second by ``readers`` processes: through a mount that caches no
+    PCM (every read decodes), against the same number of processes decoding the same cuts
+    from the original files with soundfile. Storage is in the page cache for both."""
+    rows = []
+    mountpoint = setup.work / "mnt" / "uncached"
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    context = get_context("fork")
+    _unmount(mountpoint)
+    subprocess.run(
+        [*CUTFS, "mount", "--cache-size", "1M", "--direct-io", str(setup.shards), str(mountpoint)],
+        check=True,
+        cwd=REPOSITORY,
+    )
+    try:
+        for rid in sorted(rid for rid in setup.cuts if rid.endswith("2h")):
+            cuts = setup.cuts[rid]
+            paths = [str(mountpoint / "cuts" / f"{cut.cut_id}.wav") for cut in cuts]
+            originals = [(str(setup.corpus[rid]), cut.start_seconds) for cut in cuts]
+            for path in paths:  # the shard's pages and the decoders' code, as for soundfile
+                _read_file(Path(path))
+            with context.Pool(readers) as pool:
+                mounted = sum(pool.starmap(_reader_loop, [(paths, 4.0, n) for n in range(readers)]))
+                direct = sum(
+                    pool.starmap(_soundfile_loop, [(originals, 4.0, n) for n in range(readers)])
+                )
+            rows.append(
+                {
+                    "recording": rid,
+                    "readers": readers,
+                    "cutfs_cuts_per_second": round(mounted / 4.0, 1),
+                    "soundfile_cuts_per_second": round(direct / 4.0, 1),
+                }
+            )
+            print(f"bench: uncached throughput {rows[-1]}", flush=True)
+    finally:
+        _unmount(mountpoint)
+    return rows
+
+
 def _catalogue(setup: Setup, sizes: list[int]) -> list[dict[str, Any]]:
     """Mount time, daemon memory, lookup and ls time for catalogues of many cuts."""
     rows = []
@@ -827,6 +879,18 @@ def _markdown(results: dict[str, Any]) -> str:
         "|---|---|",
     ]
     lines += [f"| {r['workers']} | {r['cold_cuts_per_second']} |" for r in results["cold_scaling"]]
+    lines += [
+        "",
+        "## Uncached cuts per second, 2 readers: the mount (no PCM cache) against soundfile",
+        "",
+        "| recording | cutfs | soundfile on the original | cutfs / soundfile |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['recording']} | {r['cutfs_cuts_per_second']} | {r['soundfile_cuts_per_second']} | "
+        f"{r['cutfs_cuts_per_second'] / r['soundfile_cuts_per_second']:.2f}x |"
+        for r in results.get("uncached_throughput", [])
+    ]
     lines += [
         "",
         "## Catalogue size",
