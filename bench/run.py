@@ -342,13 +342,20 @@ def _mounts(setup: Setup) -> Iterator[Mounts]:
 
 
 def _unmount(path: Path) -> None:
+    """Unmount ``path`` if it is mounted: retried for a few seconds while it is busy (a
+    reader of the previous step may still be closing a file), then lazily."""
     path = path.resolve()  # /proc/mounts lists absolute paths
-    for _ in range(3):
+    for attempt in range(26):
         if not any(
             line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines()
         ):
             return
-        subprocess.run(["fusermount3", "-u", str(path)], check=False, capture_output=True)
+        lazy = ["-z"] if attempt == 25 else []
+        done = subprocess.run(
+            ["fusermount3", "-u", *lazy, str(path)], check=False, capture_output=True
+        )
+        if done.returncode != 0 and attempt in (0, 25):
+            print(f"bench: unmounting {path}: {done.stderr.decode().strip()}", flush=True)
         time.sleep(0.2)
 
 

@@ -53,13 +53,14 @@ class Blob:
             return memoryview(b"")
         return self._store.read(self._name, self._start + start, self._start + stop)
 
-    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
-        """Ask the store for these blob-relative ranges in one go (clipped to the blob)."""
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> bool:
+        """Ask the store for these blob-relative ranges in one go (clipped to the blob);
+        whether they are all at hand (see :meth:`ByteStore.prefetch`)."""
         if self._store is None:
-            return
+            return True
         size = len(self)
         spans = [
             (self._start + min(max(a, 0), size), self._start + min(max(b, 0), size))
             for a, b in ranges
         ]
-        self._store.prefetch(self._name, [(a, b) for a, b in spans if b > a])
+        return self._store.prefetch(self._name, [(a, b) for a, b in spans if b > a])

@@ -47,8 +47,12 @@ class ByteStore(Protocol):
         yielded as soon as it is there: one request, consumed while it arrives."""
         ...
 
-    def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> None:
-        """Make the next reads of ``ranges`` cheap: one request for all of them, now."""
+    def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> bool:
+        """Make the next reads of ``ranges`` cheap: one request for all of them, now.
+
+        Returns whether every byte of them is at hand (in memory or on local storage),
+        so that reads will not wait for the network; ``False`` when some are still to
+        arrive (decoders that can start on the first bytes should then stream them)."""
         ...
 
     def check_unchanged(self, name: str) -> None:

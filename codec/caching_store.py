@@ -146,10 +146,11 @@ class CachingStore:
         for offset in range(start, stop, chunk_bytes):
             yield self.read(name, offset, min(offset + chunk_bytes, stop))
 
-    def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> None:
+    def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> bool:
         """Start fetching the pieces of ``ranges`` that are neither in memory nor on disk, in
-        the background, and return: reads of those pieces wait for them (and only for
-        them), so decoding starts while the rest of a span is still arriving."""
+        the background, and return whether there were none: reads of those pieces wait
+        for them (and only for them), so decoding starts while the rest of a span is
+        still arriving."""
         numbers: set[int] = set()
         for start, stop in ranges:
             if stop > start:
@@ -157,13 +158,13 @@ class CachingStore:
                     range(start // self._piece_bytes, (stop - 1) // self._piece_bytes + 1)
                 )
         if not numbers:
-            return
+            return True
         key = self._object_key(name)
         absent = self._from_memory(key, sorted(numbers), {})
-        if absent:
-            missing = self._read_ahead_on_disk(key, absent)
-            if missing:
-                self._start_fetch(name, key, missing)
+        missing = self._read_ahead_on_disk(key, absent) if absent else []
+        if missing:
+            self._start_fetch(name, key, missing)
+        return not missing
 
     def _read_ahead_on_disk(self, key: str, numbers: list[int]) -> list[int]:
         """Ask the kernel to read the pieces the map marks present (it does so while the

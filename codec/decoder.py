@@ -73,11 +73,19 @@ class DecodeTrace:
 
 
 def decode_frames(
-    blob: Blob, recording: Recording, first: int, end: int, trace: DecodeTrace | None = None
+    blob: Blob,
+    recording: Recording,
+    first: int,
+    end: int,
+    trace: DecodeTrace | None = None,
+    *,
+    arriving: bool = False,
 ) -> Int16Array:
     """Frames ``[first, end)`` of ``recording`` as int16 of shape (frames, channels).
 
-    ``trace``, when given, accumulates the work done.  Raises
+    ``trace``, when given, accumulates the work done.  ``arriving`` says that the bytes
+    are still being fetched: decoding then starts on the first of them rather than
+    after the last (FLAC; the other decoders always read as they go).  Raises
     :class:`CorruptDataError` naming the recording when the bytes do not
     decode to the frames promised (truncated or corrupt data).
     """
@@ -91,7 +99,7 @@ def decode_frames(
         if recording.method is DecodeMethod.PCM:
             return _pcm_frames(blob, recording, first, end, trace)
         if recording.method is DecodeMethod.SNDFILE:
-            return _sndfile_frames(blob, recording, first, end, trace)
+            return _sndfile_frames(blob, recording, first, end, trace, arriving)
         return _decoded_frames(blob, recording, first, end, trace)
     except CorruptDataError:
         raise
@@ -163,16 +171,17 @@ def _pcm_frames(
 
 
 def _sndfile_frames(
-    blob: Blob, recording: Recording, first: int, end: int, trace: DecodeTrace
+    blob: Blob, recording: Recording, first: int, end: int, trace: DecodeTrace, arriving: bool
 ) -> Int16Array:
     """FLAC through libsndfile, from the seek point at or before ``first``.
 
     libsndfile is given the stream's header and then the bytes from that point to the
     one after ``end`` (:func:`sndfile_span`), as if the file had been cut there, and
     decodes them straight through: it never seeks (libFLAC's seek probes frames around
-    the file, and python-soundfile seeks again after every read).  The spliced bytes go
-    to a memory file that libsndfile reads by plain system calls; a span too long for
-    that (reads of whole long recordings) is read through :class:`SpliceReader`.
+    the file, and python-soundfile seeks again after every read).  Bytes at hand go to
+    a memory file that libsndfile reads by plain system calls; bytes still ``arriving``
+    from remote storage, and spans too long for a memory file (reads of whole long
+    recordings), are read through :class:`SpliceReader` as they come.
     """
     mark = time.perf_counter() if trace.profile else 0.0
     point, stop = sndfile_span(recording, len(blob), first, end)
@@ -185,7 +194,7 @@ def _sndfile_frames(
     header_bytes = min(recording.header_bytes, point.byte_offset)
     spliced_bytes = header_bytes + stop - point.byte_offset
     with contextlib.ExitStack() as stack:
-        if spliced_bytes <= MEMORY_SPLICE_BYTES:
+        if spliced_bytes <= MEMORY_SPLICE_BYTES and not arriving:
             source: Any = stack.enter_context(_memory_splice(blob, header_bytes, point, stop))
         else:
             reader = SpliceReader(blob, header_bytes, point.byte_offset, stop=stop)
@@ -478,7 +487,9 @@ class SpliceReader(io.RawIOBase):
         count = 0
         while count < len(target) and self._position < self._size and self.error is None:
             try:
-                source = self._source_at(self._position, len(target) - count)
+                source = self._source_at(
+                    self._position, min(len(target) - count, self._size - self._position)
+                )
             except CutfsError as exc:
                 self.error = exc
                 break

@@ -85,15 +85,16 @@ class LocalStore:
         for offset in range(0, len(whole), chunk_bytes):
             yield whole[offset : offset + chunk_bytes]
 
-    def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> None:
+    def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> bool:
         mapped = self._map(name)
         if not hasattr(mmap, "MADV_WILLNEED"):
-            return
+            return True
         for offset, stop in ranges:
             start = offset - offset % mmap.PAGESIZE
             length = min(stop - start, len(mapped) - start)
             if length > 0 and start >= 0:
                 mapped.madvise(mmap.MADV_WILLNEED, start, length)
+        return True
 
     def counters(self) -> dict[str, int]:
         """``reads``: ranges read; ``requests``: calls (a :meth:`read_many` is one)."""

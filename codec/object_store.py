@@ -235,8 +235,9 @@ class ObjectStore:
     def check_unchanged(self, name: str) -> None:
         """Nothing to do ahead: every GET is conditional on the pinned ETag."""
 
-    def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> None:
+    def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> bool:
         """Nothing kept here: a :class:`CachingStore` in front keeps what it fetched."""
+        return not any(stop > start for start, stop in ranges)
 
     def counters(self) -> dict[str, int]:
         return self.tally.as_dict()

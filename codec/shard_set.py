@@ -277,10 +277,10 @@ class ShardSet:
         self._check_unchanged(recording_index)
         started = time.perf_counter()
         blob = self.blob(recording_index)
-        blob.prefetch(_decode_spans(recording, len(blob), first, end))
+        at_hand = blob.prefetch(_decode_spans(recording, len(blob), first, end))
         if trace is not None and trace.profile:
             trace.add_phase("fetch", time.perf_counter() - started)
-        return decode_frames(blob, recording, first, end, trace)
+        return decode_frames(blob, recording, first, end, trace, arriving=not at_hand)
 
     def _check_unchanged(self, recording_index: int) -> None:
         """Refuse to decode from a shard that changed since the directory was opened (for

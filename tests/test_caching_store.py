@@ -61,11 +61,14 @@ def test_reads_are_exact_and_each_costs_one_inner_request_at_most(
             assert _inner_reads(store) - before <= 1  # missing pieces in one request
         assert bytes(store.read("a.arrow", len(payload) - 5, len(payload))) == payload[-5:]
         before = _inner_reads(store)
-        store.prefetch("b.arrow", [(0, 10), (3 * PIECE, 4 * PIECE + 1)])  # in the background
+        ranges = [(0, 10), (3 * PIECE, 4 * PIECE + 1)]
+        assert not store.prefetch("b.arrow", ranges)  # fetched in the background
         assert bytes(store.read("b.arrow", 0, 10)) == data["b.arrow"][:10]
         expected = data["b.arrow"][3 * PIECE : 5 * PIECE]
         assert bytes(store.read("b.arrow", 3 * PIECE, 5 * PIECE)) == expected
         assert _inner_reads(store) - before == 1  # two close runs of pieces: one request
+        assert store.prefetch("b.arrow", ranges)  # all at hand now
+        assert not store.prefetch("b.arrow", [(5 * PIECE, 5 * PIECE + 1)])
         with pytest.raises(ShardFormatError, match="outside"):
             store.read("b.arrow", 0, len(data["b.arrow"]) + 1)
 

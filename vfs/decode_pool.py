@@ -481,7 +481,7 @@ def _worker_main(connection: Connection, setup: _WorkerSetup) -> None:
         counts = library.counters()
         grown = {name: value - reported.get(name, 0) for name, value in counts.items()}
         reported = counts
-        connection.send(_Reply(result, {name: n for name, n in grown.items() if n}))
+        connection.send(_Reply(result, grown))
 
 
 def _shared(reply: tuple[Any, DecodeTrace], pcm: mmap.mmap) -> tuple[Any, DecodeTrace]:
