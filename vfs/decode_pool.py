@@ -261,6 +261,8 @@ class DecodePool:
                 if isinstance(reply, _CommandStarted):
                     worker.command_groups.add(reply.group)  # killed with the worker
                     continue
+                if isinstance(reply, CutfsError):
+                    raise reply  # a replacement worker that could not open the library: why
                 worker.command_groups.clear()  # the worker reaped them
                 if not isinstance(reply, _Reply):
                     self._replace(worker, f"sent a {type(reply).__name__} {frames}")
