@@ -256,9 +256,10 @@ def _memory_splice(blob: Blob, header_bytes: int, point: SeekPoint, stop: int) -
     about 0.15 ms of a 2.5 ms FLAC cut.  What it keeps is at most
     :data:`KEPT_SPLICE_BYTES`; longer splices are let go once decoded.
     """
-    descriptor = getattr(_splice_files, "descriptor", None)
-    if descriptor is None:
-        descriptor = _splice_files.descriptor = os.memfd_create("cutfs-splice", os.MFD_CLOEXEC)
+    kept: _SpliceFile | None = getattr(_splice_files, "file", None)
+    if kept is None:
+        kept = _splice_files.file = _SpliceFile()
+    descriptor = kept.descriptor
     size = header_bytes + stop - point.byte_offset
     try:
         os.ftruncate(descriptor, size)
@@ -274,6 +275,19 @@ def _memory_splice(blob: Blob, header_bytes: int, point: SeekPoint, stop: int) -
 #: The most of its splice file a thread keeps between decodes (a 10 s cut of 16 kHz mono
 #: FLAC is about 270 KB; 48 kHz stereo 24-bit about 2.5 MB).
 KEPT_SPLICE_BYTES: Final = 4 << 20
+
+
+class _SpliceFile:
+    """A thread's memory file, closed when the thread ends (decoding threads come and go:
+    trio lets idle ones exit)."""
+
+    def __init__(self) -> None:
+        self.descriptor = os.memfd_create("cutfs-splice", os.MFD_CLOEXEC)
+
+    def __del__(self) -> None:
+        os.close(self.descriptor)
+
+
 _splice_files = threading.local()
 
 

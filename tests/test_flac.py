@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import subprocess
+import threading
 
 import pytest
 from conftest import Reference, recording_id
@@ -137,3 +139,16 @@ def test_an_index_starting_after_the_frames_asked_for_fails(
     plan = dataclasses.replace(recording, seek_index=late)
     with pytest.raises(CorruptDataError, match="seek index starts at frame 4000"):
         decode_frames(shards.blob(index), plan, 100, 200)
+
+
+def test_threads_that_decoded_leave_no_memory_file_behind(shards: ShardSet) -> None:
+    """Each decoding thread keeps a memory file for its splices; it goes with the thread
+    (with ``--workers 0`` trio's threads come and go)."""
+    index = _index(shards, "flac_mono_16k.flac")
+    shards.read_frames(index, 16000, 32000)  # whatever this thread opens once
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        thread = threading.Thread(target=shards.read_frames, args=(index, 16000, 32000))
+        thread.start()
+        thread.join()
+    assert len(os.listdir("/proc/self/fd")) <= before
