@@ -372,6 +372,10 @@ def _wait(condition: Callable[[], bool], timeout: float = 60.0) -> None:
 
 
 def _drop_caches() -> None:
+    """Empty the kernel's page cache. Dirty pages are not dropped, so everything is written
+    back first: a piece cache filled just before a measurement would otherwise be read
+    from memory (and while the kernel writes it back), not from disk."""
+    os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as drop:
         drop.write("1\n")
 
