@@ -73,6 +73,7 @@ def main() -> int:
         results: dict[str, Any] = {"machine": _machine(), "uri": uri.split("?")[0]}
         results["cuts"] = _cold_cuts(setup, uri)
         results["throughput"] = _throughput(setup, uri)
+        results["sequential"] = _sequential(setup, uri)
     results["summary"] = _summary(results["cuts"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "object-storage.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -269,6 +270,51 @@ def _throughput(setup: Setup, uri: str) -> list[dict[str, Any]]:
     return rows
 
 
+#: How much of each recording the sequential reads take (15 minutes of 16 kHz mono).
+SEQUENTIAL_SECONDS = 900.0
+
+
+def _sequential(setup: Setup, uri: str) -> list[dict[str, Any]]:
+    """The first :data:`SEQUENTIAL_SECONDS` of each whole recording read in order, in 1 MiB
+    reads (what a diarization tool reading ``recordings/<id>.wav`` does): seconds of audio
+    per second, and the GETs it took (fresh daemon, empty piece cache, page cache dropped)."""
+    root = setup.work / "mnt-s3"
+    mounts = {
+        "local": Mount(str(setup.shards), root / "local"),
+        "s3": Mount(uri, root / "s3-cold", setup.work / "s3-cache-cold"),
+    }
+    rows = []
+    try:
+        for rid in sorted(setup.corpus):
+            for system, mount in mounts.items():
+                mount.restart(empty_cache=True)
+                before = mount.store()
+                _drop_caches()
+                wanted = 44 + round(SEQUENTIAL_SECONDS * RATE) * 2
+                got = 0
+                started = time.perf_counter()
+                with open(mount.path / "recordings" / f"{rid}.wav", "rb", buffering=0) as file:
+                    while got < wanted and (chunk := file.read(1 << 20)):
+                        got += len(chunk)
+                seconds = time.perf_counter() - started
+                after = mount.store()
+                rows.append(
+                    {
+                        "recording": rid,
+                        "system": system,
+                        "audio_seconds_per_second": SEQUENTIAL_SECONDS / seconds,
+                        "gets": after.get("gets", 0) - before.get("gets", 0),
+                        "bytes_fetched": after.get("bytes_fetched", 0)
+                        - before.get("bytes_fetched", 0),
+                    }
+                )
+                print(f"bench: sequential {rid} {system}: {rows[-1]}", flush=True)
+    finally:
+        for mount in mounts.values():
+            mount.stop()
+    return rows
+
+
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     by_recording: dict[str, Any] = {}
     for rid in sorted({row["recording"] for row in rows}):
@@ -347,6 +393,26 @@ def _markdown(results: dict[str, Any]) -> str:
         lines.append(
             f"| {readers} | {systems['local']:.1f} | {systems['s3']:.1f} | "
             f"{systems['s3'] / systems['local']:.2f} |"
+        )
+    lines += [
+        "",
+        f"The first {SEQUENTIAL_SECONDS:g} s of each recording read whole and in order "
+        "(`recordings/<id>.wav`, 1 MiB reads), cold:",
+        "",
+        "| recording | local, s of audio per s | s3, s of audio per s | s3 / local | s3 GETs | "
+        "s3 MB fetched |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    by_recording: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in results.get("sequential", []):
+        by_recording.setdefault(row["recording"], {})[row["system"]] = row
+    for rid, systems in by_recording.items():
+        local, remote = systems["local"], systems["s3"]
+        lines.append(
+            f"| {rid} | {local['audio_seconds_per_second']:.0f} | "
+            f"{remote['audio_seconds_per_second']:.0f} | "
+            f"{remote['audio_seconds_per_second'] / local['audio_seconds_per_second']:.2f} | "
+            f"{remote['gets']} | {remote['bytes_fetched'] / 1e6:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
