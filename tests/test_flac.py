@@ -11,6 +11,8 @@ import threading
 
 import pytest
 from conftest import Reference, recording_id
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cutfs.codec import decoder
 from cutfs.codec.decoder import DecodeTrace, decode_frames
@@ -80,6 +82,13 @@ def test_a_variable_blocksize_header_gives_its_sample_number() -> None:
     assert frame_first_sample(header + bytes([_bitwise_crc8(header)])) == sample
     assert frame_first_sample(header + bytes([_bitwise_crc8(header) ^ 1])) is None
     assert frame_first_sample(header[:6]) is None
+
+
+@given(st.binary(max_size=20), st.sampled_from([b"", b"\xff\xf8", b"\xff\xf9"]))
+def test_any_bytes_give_a_sample_or_none_and_never_raise(data: bytes, sync: bytes) -> None:
+    """The bytes at a seek point come from a shard someone else wrote."""
+    found = frame_first_sample(sync + data)
+    assert found is None or found >= 0
 
 
 @pytest.mark.parametrize("name", FLAC_NAMES)
