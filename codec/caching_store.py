@@ -161,10 +161,14 @@ class CachingStore:
             return True
         key = self._object_key(name)
         absent = self._from_memory(key, sorted(numbers), {})
-        missing = self._read_ahead_on_disk(key, absent) if absent else []
+        if not absent:
+            return True
+        with self._lock:
+            arriving = any((key, number) in self._in_flight for number in absent)
+        missing = self._read_ahead_on_disk(key, absent)
         if missing:
             self._start_fetch(name, key, missing)
-        return not missing
+        return not missing and not arriving
 
     def _read_ahead_on_disk(self, key: str, numbers: list[int]) -> list[int]:
         """Ask the kernel to read the pieces the map marks present (it does so while the

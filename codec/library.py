@@ -136,9 +136,19 @@ class Library(Protocol):
         ...
 
     def read_frames(
-        self, recording_index: int, first: int, end: int, trace: DecodeTrace | None = None
+        self,
+        recording_index: int,
+        first: int,
+        end: int,
+        trace: DecodeTrace | None = None,
+        *,
+        ahead_frames: int = 0,
     ) -> Int16Array:
-        """Frames ``[first, end)`` of a recording; fewer only where the audio ends early."""
+        """Frames ``[first, end)`` of a recording; fewer only where the audio ends early.
+
+        ``ahead_frames`` asks the store, without waiting, for the bytes of that many frames
+        after ``end`` too: the caller is reading the recording in order and will want them
+        next (a library whose store gains nothing by it may ignore the hint)."""
         ...
 
     def counters(self) -> dict[str, int]:

@@ -270,14 +270,25 @@ class ShardSet:
         return place
 
     def read_frames(
-        self, recording_index: int, first: int, end: int, trace: DecodeTrace | None = None
+        self,
+        recording_index: int,
+        first: int,
+        end: int,
+        trace: DecodeTrace | None = None,
+        *,
+        ahead_frames: int = 0,
     ) -> Int16Array:
-        """Frames ``[first, end)`` of the full decode of a recording."""
+        """Frames ``[first, end)`` of the full decode of a recording (``ahead_frames``: see
+        :meth:`Library.read_frames`; over object storage the frames ahead are fetched in
+        the background while these decode)."""
         recording = self.recording(recording_index)
         self._check_unchanged(recording_index)
         started = time.perf_counter()
         blob = self.blob(recording_index)
         at_hand = blob.prefetch(_decode_spans(recording, len(blob), first, end))
+        ahead_end = min(end + max(ahead_frames, 0), recording.num_frames)
+        if ahead_end > end:
+            blob.prefetch(_decode_spans(recording, len(blob), end, ahead_end, header=False))
         if trace is not None and trace.profile:
             trace.add_phase("fetch", time.perf_counter() - started)
         return decode_frames(blob, recording, first, end, trace, arriving=not at_hand)
@@ -393,7 +404,7 @@ DECODER_MARGINS_BYTES: Final = {
 
 
 def _decode_spans(
-    recording: Recording, blob_bytes: int, first: int, end: int
+    recording: Recording, blob_bytes: int, first: int, end: int, *, header: bool = True
 ) -> list[tuple[int, int]]:
     """The byte ranges of a blob that decoding frames ``[first, end)`` reads: the header and
     the span from the seek point before ``first`` (minus pre-roll) to the one after ``end``,
@@ -415,8 +426,10 @@ def _decode_spans(
         after = index.first_point_after(end)
         span_end = after.byte_offset if after is not None else blob_bytes
     past_header, before, past_span = DECODER_MARGINS_BYTES[recording.method]
-    header_end = min(recording.header_bytes + past_header, blob_bytes)
-    return [(0, header_end), (max(span_start - before, 0), min(span_end + past_span, blob_bytes))]
+    span = (max(span_start - before, 0), min(span_end + past_span, blob_bytes))
+    if not header:
+        return [span]
+    return [(0, min(recording.header_bytes + past_header, blob_bytes)), span]
 
 
 def _identity(directory: str, shard_versions: list[str]) -> str:

@@ -714,9 +714,16 @@ class SourceIndex:
     # -- frames -----------------------------------------------------------------------------
 
     def read_frames(
-        self, recording_index: int, first: int, end: int, trace: DecodeTrace | None = None
+        self,
+        recording_index: int,
+        first: int,
+        end: int,
+        trace: DecodeTrace | None = None,
+        *,
+        ahead_frames: int = 0,
     ) -> Int16Array:
-        """Frames ``[first, end)`` of the recording as its manifest declares it.
+        """Frames ``[first, end)`` of the recording as its manifest declares it
+        (``ahead_frames`` is ignored: sources served in place are local files).
 
         Past the end of shorter audio, frames within the tolerance are the
         reflection of the last frames (Lhotse's padding); the result stops

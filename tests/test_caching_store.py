@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from cutfs.codec.caching_store import CachingStore
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.local_store import LocalStore
+from cutfs.codec.shard_set import ShardSet
 
 PIECE = 4096
 
@@ -138,3 +140,35 @@ def test_a_cache_directory_others_can_write_is_refused(
         _cache(objects[0], cache),
     ):
         pass
+
+
+def _fetched_pieces(store: CachingStore) -> int:
+    """Pieces fetched from the inner store, once the background fetches have settled."""
+    deadline = time.monotonic() + 10
+    last = -1
+    while time.monotonic() < deadline:
+        now = store.counters()["misses"]
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.3)
+    raise AssertionError("the fetches did not settle")
+
+
+def test_frames_asked_ahead_are_fetched_in_the_background(shard_dir: str, tmp_path: Path) -> None:
+    """A decode with ``ahead_frames`` has the bytes of the frames after it fetched too (a
+    recording read in order); one without fetches only its own."""
+    fetched = {}
+    for ahead_seconds in (0, 10):
+        cache = tmp_path / f"cache-{ahead_seconds}"
+        store = CachingStore(LocalStore(shard_dir), str(cache), "test://shards", piece_bytes=PIECE)
+        with ShardSet(shard_dir, store) as shards:
+            index = list(shards.recording_ids).index("flac_mono_16k")
+            rate = shards.recording(index).sample_rate
+            shards.read_frames(index, rate, 3 * rate, ahead_frames=ahead_seconds * rate)
+            fetched[ahead_seconds] = _fetched_pieces(store)
+            seek = shards.recording(index).seek_index
+            ahead_bytes = seek.point_at_or_before(13 * rate).byte_offset
+            ahead_bytes -= seek.first_point_after(3 * rate).byte_offset  # type: ignore[union-attr]
+    assert fetched[0] > 0
+    assert fetched[10] >= fetched[0] + 0.9 * ahead_bytes // PIECE

@@ -21,6 +21,7 @@ from cutfs.codec.packer import pack
 from cutfs.codec.shard_format import CUTS_FILE
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.shard_writer import write_cut_catalogue
+from cutfs.vfs import frame_source
 from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.decode_pool import DecodePool
 from cutfs.vfs.filesystem import Filesystem
@@ -39,14 +40,19 @@ class Mount:
     def __init__(self, shard_dir: str, cache_bytes: int = 64 << 20) -> None:
         self.shards = ShardSet(shard_dir)
         self.decodes: list[tuple[int, int, int]] = []
+        #: The frames each decode asked the store to fetch ahead, in order.
+        self.aheads: list[int] = []
         self.gate: threading.Event | None = None
         original: Callable[..., Any] = self.shards.read_frames
 
-        def counted_read_frames(index: int, first: int, end: int, trace: Any = None) -> Any:
+        def counted_read_frames(
+            index: int, first: int, end: int, trace: Any = None, **options: int
+        ) -> Any:
             self.decodes.append((index, first, end))
+            self.aheads.append(options.get("ahead_frames", 0))
             if self.gate is not None:
                 self.gate.wait(10)
-            return original(index, first, end, trace)
+            return original(index, first, end, trace, **options)
 
         self.shards.read_frames = counted_read_frames  # type: ignore[method-assign]
         self.cache = BlockCache(cache_bytes)
@@ -143,6 +149,37 @@ def test_overlapping_cuts_share_decoded_blocks(mount: Mount) -> None:
         decoded = mount.decodes[decodes_before:]
         # Only the blocks after 15 s were decoded again.
         assert all(first >= 14 * 16000 for _, first, _ in decoded)
+
+    trio.run(scenario)
+
+
+def test_a_recording_read_in_order_has_a_growing_window_fetched_ahead(
+    mount: Mount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decodes of 2 s (so that the 30 s recording takes many), read like a tool that
+    reads a whole recording in 64 KiB pieces; cuts read after it fetch nothing ahead."""
+    monkeypatch.setattr(frame_source, "MAX_READAHEAD_FRAMES", 32000)
+
+    async def scenario() -> None:
+        inode = await mount.inode("recordings/flac_mono_16k.wav")
+        size = (await mount.ops.getattr(inode, None)).st_size
+        handle = (await mount.ops.open(inode, 0, None)).fh
+        for offset in range(0, size, 1 << 16):
+            await mount.ops.read(handle, offset, 1 << 16)
+        assert len(mount.aheads) >= 10
+        block = mount.cache.block_frames
+        pairs = zip(mount.decodes, mount.aheads, strict=True)
+        for number, ((_, first, end), ahead) in enumerate(pairs):
+            assert first == (mount.decodes[number - 1][2] if number else 0)  # in order
+            decoded = -(-(end - first) // block) * block
+            streak = number - frame_source.SEQUENTIAL_DECODES
+            windows = 0 if streak < 0 else min(2**streak, frame_source.MOST_DECODES_AHEAD)
+            assert ahead == decoded * windows, number
+        assert max(mount.aheads) > 2 * min(a for a in mount.aheads if a)  # it grew
+        del mount.aheads[:]
+        for cut in ("start", "overlap-a", "overlap-b", "end"):
+            await mount.read_all(f"cuts/mp3_cbr_mono_16k/{cut}.wav")
+        assert mount.aheads and set(mount.aheads) == {0}
 
     trio.run(scenario)
 

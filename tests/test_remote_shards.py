@@ -105,6 +105,7 @@ def test_a_cold_cut_costs_one_get_and_a_second_mount_fetches_nothing(
             assert fetched <= blob_bytes[recording] + (128 << 10), (cut["id"], fetched)
             touched.add(recording)
         first = _store(mnt)
+        assert _stats(mnt)["counters"]["frames_fetched_ahead"] == 0  # cuts never read ahead
         assert first["heads"] == 0  # workers get the pins: no HEAD per cut, nor per worker
         assert first["gets"] > 0
     with mounted(remote, str(tmp_path / "again"), *options) as mnt:

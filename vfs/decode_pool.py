@@ -51,8 +51,8 @@ DEFAULT_DEADLINE_SECONDS = 30.0
 #: Indexing a recording decodes all of it: a 36-hour MP3 takes minutes.
 INDEX_DEADLINE_SECONDS = 1800.0
 
-#: ("frames", recording, first, end) or ("index", recording, 0, 0)
-_Request = tuple[str, int, int, int]
+#: ("frames", recording, first, end, frames to fetch ahead) or ("index", recording, 0, 0, 0)
+_Request = tuple[str, int, int, int, int]
 
 #: Each worker's shared buffer for decoded PCM (memory is used only as far as replies
 #: reach: 98 s of 16 kHz stereo, the longest decode a read asks for, is 6 MB).  Larger
@@ -145,19 +145,23 @@ class DecodePool:
         busy = len(self._workers) - len(self._idle)
         return PoolStatistics(len(self._workers), alive, busy, self._restarts)
 
-    async def decode(self, recording_index: int, first: int, end: int) -> Int16Array:
-        """Frames ``[first, end)`` of a recording, as int16 (frames, channels).
+    async def decode(
+        self, recording_index: int, first: int, end: int, ahead_frames: int = 0
+    ) -> Int16Array:
+        """Frames ``[first, end)`` of a recording, as int16 (frames, channels); the store is
+        asked for ``ahead_frames`` more in the background (see :meth:`Library.read_frames`).
 
         Raises :class:`cutfs.codec.errors.CorruptDataError` for undecodable data,
         :class:`DecodeDeadlineError` past the deadline and
         :class:`WorkerDiedError` when the worker dies.
         """
         started = time.perf_counter()
-        request = ("frames", recording_index, first, end)
+        request = ("frames", recording_index, first, end, ahead_frames)
         answer, trace = await self._run(request, self._deadline_seconds)
         frames: Int16Array = answer
         self._statistics.observe("decode", time.perf_counter() - started)
         self._statistics.count("decodes")
+        self._statistics.count("frames_fetched_ahead", ahead_frames)
         self._statistics.count("frames_decoded", trace.frames_decoded)
         self._statistics.count("storage_bytes_read", trace.bytes_read)
         for phase, seconds in trace.phase_seconds.items():
@@ -177,7 +181,7 @@ class DecodePool:
         the pool's own errors past :data:`INDEX_DEADLINE_SECONDS`.
         """
         started = time.perf_counter()
-        request = ("index", recording_index, 0, 0)
+        request = ("index", recording_index, 0, 0, 0)
         deadline = max(self._deadline_seconds, INDEX_DEADLINE_SECONDS)
         recording, _ = await self._run(request, deadline)
         self._statistics.observe("index", time.perf_counter() - started)
@@ -427,16 +431,17 @@ class _Worker:
 
 
 def _describe(request: _Request) -> str:
-    kind, _, first, end = request
+    kind, _, first, end, _ = request
     return "indexing the recording" if kind == "index" else f"decoding frames [{first}, {end})"
 
 
 def _answer(library: Library, request: _Request, profile: bool) -> tuple[Any, DecodeTrace]:
-    kind, recording_index, first, end = request
+    kind, recording_index, first, end, ahead_frames = request
     trace = DecodeTrace(profile=profile)
     if kind == "index":
         return library.index(recording_index), trace
-    return library.read_frames(recording_index, first, end, trace=trace), trace
+    frames = library.read_frames(recording_index, first, end, trace, ahead_frames=ahead_frames)
+    return frames, trace
 
 
 def _worker_main(connection: Connection, setup: _WorkerSetup) -> None:

@@ -44,6 +44,7 @@ from typing import Final
 
 import numpy as np
 import trio
+from cachetools import LRUCache
 
 from cutfs.codec.library import AudioShape, Library
 from cutfs.codec.output_format import OutputFormat
@@ -64,6 +65,9 @@ _INDEXING_AT_ONCE: Final = 4
 #: How far past a read a decode may go, within the file: a whole cut of up to a
 #: minute at 48 kHz, and the next stretch of a long recording read in order.
 _READAHEAD_FRAMES: Final = 48000 * 60
+#: Files whose last read is remembered, to tell reads in order (a whole recording read
+#: through) from others.
+_READ_ENDS_KEPT: Final = 4096
 _DIRECTORY_MODE: Final = stat.S_IFDIR | 0o555
 _FILE_MODE: Final = stat.S_IFREG | 0o444
 
@@ -122,6 +126,8 @@ class Filesystem:
         self._library = library
         self._format = output_format or OutputFormat()
         self._frames = frame_source
+        #: inode -> where its last read ended: a read starting there reads the file in order
+        self._read_ends: LRUCache[int, int] = LRUCache(maxsize=_READ_ENDS_KEPT)
         self._mountpoint = os.path.abspath(mountpoint)
         cut_tree, recording_tree = library.trees()
         cuts_directory = os.path.join(self._mountpoint, CUTS_DIR)
@@ -322,7 +328,9 @@ class Filesystem:
             return text.read(offset, size)
         if kind is not NodeKind.WAV:
             raise FsError(errno.EISDIR if kind is NodeKind.DIRECTORY else errno.ENOENT)
-        return await self._read_wav(await self.wav_source(inode), offset, size)
+        in_order = self._read_ends.get(inode) == offset
+        self._read_ends[inode] = offset + size
+        return await self._read_wav(await self.wav_source(inode), offset, size, in_order)
 
     async def wav_source(self, inode: int) -> WavSource:
         """What a WAV file serves, indexing its recording first if the library must."""
@@ -360,7 +368,9 @@ class Filesystem:
         source = self._known_wav_source(CUT_INODE_BASE + index)
         return None if source is None else source.layout
 
-    async def _read_wav(self, source: WavSource, offset: int, size: int) -> bytes:
+    async def _read_wav(
+        self, source: WavSource, offset: int, size: int, in_order: bool = False
+    ) -> bytes:
         """The bytes of the file, the samples copied once on their way from the cache to the
         reply (a 10 s cut at 16 kHz is 320 KB): the encoded samples are a view where they
         need no conversion, and the reply is joined from views."""
@@ -370,13 +380,16 @@ class Filesystem:
         header = layout.header()[offset:end] if offset < HEADER_BYTES else b""
         if last <= first:
             return header
-        data = self._format.encode(await self._samples(source, first, last))
+        data = self._format.encode(await self._samples(source, first, last, in_order))
         data_start = HEADER_BYTES + first * layout.frame_bytes
         skip = max(offset, HEADER_BYTES) - data_start
         return b"".join((header, data[skip : skip + end - offset - len(header)]))
 
-    async def _samples(self, source: WavSource, first: int, last: int) -> np.ndarray:
-        """The file's frames ``[first, last)`` before encoding (16-bit scale).
+    async def _samples(
+        self, source: WavSource, first: int, last: int, in_order: bool = False
+    ) -> np.ndarray:
+        """The file's frames ``[first, last)`` before encoding (16-bit scale); ``in_order``:
+        the read continues the file's previous one (see :meth:`FrameSource.frames`).
 
         Cached frames are served without waiting; anything that may wait
         (decoding, indexing, resampling) runs under the request's deadline.
@@ -393,12 +406,15 @@ class Filesystem:
                         start + last,
                         readahead_end=start
                         + min(source.layout.num_frames, last + _READAHEAD_FRAMES),
+                        in_order=in_order,
                     )
             return frames[:, list(source.channels)] if source.channels else frames
         with self._waiting("resampling", source.recording_index):
-            return await self._resampled(source, first, last)
+            return await self._resampled(source, first, last, in_order)
 
-    async def _resampled(self, source: WavSource, first: int, last: int) -> np.ndarray:
+    async def _resampled(
+        self, source: WavSource, first: int, last: int, in_order: bool
+    ) -> np.ndarray:
         """Frames ``[first, last)`` of a file served at another rate (slow: off the loop)."""
         source_rate = source.shape.sample_rate
         # Designing a filter takes a while: off the loop.
@@ -414,6 +430,7 @@ class Filesystem:
             low,
             high,
             readahead_end=min(input_end, high + _READAHEAD_FRAMES),
+            in_order=in_order,
         )
         if source.channels:
             frames = frames[:, list(source.channels)]

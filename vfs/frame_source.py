@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import trio
+from cachetools import LRUCache
 
 from cutfs.codec.errors import CutfsError, ManifestMismatchError
 from cutfs.codec.library import Library
@@ -24,6 +25,15 @@ from cutfs.vfs.statistics import Statistics
 
 #: The most frames decoded ahead of a read, in one pass (98 s at 16 kHz).
 MAX_READAHEAD_FRAMES = 48 << 15
+#: A file read in order (each kernel read where the one before ended: a whole recording
+#: read through) has the bytes after each decode fetched ahead once this many decodes in a
+#: row, each for such a read, began where the one before ended.  A cut is one read: cuts,
+#: even consecutive ones, never read ahead.
+SEQUENTIAL_DECODES = 2
+#: The window fetched ahead doubles from one decode's length up to this many decodes.
+MOST_DECODES_AHEAD = 4
+#: Recordings whose order of decodes is followed (the least recently decoded forgotten).
+_SEQUENCES_KEPT = 1024
 
 
 class FrameSource:
@@ -41,6 +51,9 @@ class FrameSource:
         self._cache = cache
         self._pool = pool
         self._in_flight: dict[BlockKey, trio.Event] = {}
+        #: recording -> (the block a decode continuing the last one would start at, how
+        #: many decodes in a row did)
+        self._sequences: LRUCache[int, tuple[int, int]] = LRUCache(maxsize=_SEQUENCES_KEPT)
         self._indexing: dict[int, trio.Event] = {}
         #: The last failure to index a recording, with the event of that attempt.
         self._index_failures: dict[int, tuple[trio.Event, Exception]] = {}
@@ -86,14 +99,23 @@ class FrameSource:
             done.set()
 
     async def frames(
-        self, recording_index: int, first: int, end: int, readahead_end: int = 0
+        self,
+        recording_index: int,
+        first: int,
+        end: int,
+        readahead_end: int = 0,
+        *,
+        in_order: bool = False,
     ) -> Int16Array:
         """Frames ``[first, end)`` of a recording as int16 (frames, channels).
 
         When blocks must be decoded, the decode goes on past ``end`` up to
         ``readahead_end`` (at most ``MAX_READAHEAD_FRAMES``), filling the
         cache for the reads that follow: a cut is decoded in one pass from one
-        seek point instead of once per kernel read.
+        seek point instead of once per kernel read.  ``in_order`` says that the read
+        continues the previous read of its file: once several decodes of a file read in
+        order continue each other, the store fetches the frames after each decode in the
+        background (:data:`SEQUENTIAL_DECODES`).
 
         Raises what decoding raises (:class:`cutfs.codec.errors.CorruptDataError`)
         when a block cannot be decoded; the failure is not cached.
@@ -125,11 +147,11 @@ class FrameSource:
                 )
             decoded = True
             missing += self._readahead(recording_index, recording, missing[-1], readahead_end)
-            await self._decode_runs(recording_index, recording, missing, blocks)
+            await self._decode_runs(recording_index, recording, missing, blocks, in_order)
         missing = self._collect(recording_index, numbers, blocks)
         if missing:  # evicted or failed while we waited: decode them ourselves
             decoded = True
-            await self._decode_runs(recording_index, recording, missing, blocks)
+            await self._decode_runs(recording_index, recording, missing, blocks, in_order)
         if self._profile is not None:
             phase = "frames.decoded" if decoded else "frames.cached"
             self._profile.observe(phase, time.perf_counter() - started)
@@ -206,6 +228,7 @@ class FrameSource:
         recording: _Span,
         missing: list[int],
         blocks: dict[int, Int16Array],
+        in_order: bool = False,
     ) -> None:
         for run in _runs(missing):
             keys = [(recording_index, number) for number in run]
@@ -216,7 +239,8 @@ class FrameSource:
                 block_frames = self._cache.block_frames
                 first = run[0] * block_frames
                 end = min((run[-1] + 1) * block_frames, recording.frame_limit)
-                decoded = await self._pool.decode(recording_index, first, end)
+                ahead = self._frames_ahead(recording_index, run[0], run[-1] + 1, in_order)
+                decoded = await self._pool.decode(recording_index, first, end, ahead)
                 for number in run:
                     block = decoded[(number - run[0]) * block_frames :][:block_frames].copy()
                     blocks[number] = block
@@ -226,6 +250,20 @@ class FrameSource:
                     if self._in_flight.get(key) is done:
                         del self._in_flight[key]
                 done.set()
+
+    def _frames_ahead(
+        self, recording_index: int, first_block: int, end_block: int, in_order: bool
+    ) -> int:
+        """How many frames after the decode of blocks ``[first_block, end_block)`` to fetch
+        ahead: none unless a file of the recording is being read in order (see
+        :data:`SEQUENTIAL_DECODES`), then a window that doubles with every decode."""
+        expected, streak = self._sequences.get(recording_index, (-1, 0))
+        streak = streak + 1 if in_order and first_block == expected else 0
+        self._sequences[recording_index] = (end_block, streak)
+        if streak < SEQUENTIAL_DECODES:
+            return 0
+        decodes = min(1 << (streak - SEQUENTIAL_DECODES), MOST_DECODES_AHEAD)
+        return (end_block - first_block) * self._cache.block_frames * decodes
 
 
 @dataclass(frozen=True, slots=True)
