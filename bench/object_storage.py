@@ -73,7 +73,8 @@ def main() -> int:
         results: dict[str, Any] = {"machine": _machine(), "uri": uri.split("?")[0]}
         results["cuts"] = _cold_cuts(setup, uri)
         results["throughput"] = _throughput(setup, uri)
-        results["sequential"] = _sequential(setup, uri)
+        with _delayed(uri, endpoint, REQUEST_DELAY_MS) as delayed_uri:
+            results["sequential"] = _sequential(setup, uri, delayed_uri)
     results["summary"] = _summary(results["cuts"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "object-storage.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -272,16 +273,48 @@ def _throughput(setup: Setup, uri: str) -> list[dict[str, Any]]:
 
 #: How much of each recording the sequential reads take (15 minutes of 16 kHz mono).
 SEQUENTIAL_SECONDS = 900.0
+#: What each request to the store costs more in the sequential reads' third system.
+REQUEST_DELAY_MS = 20
 
 
-def _sequential(setup: Setup, uri: str) -> list[dict[str, Any]]:
+@contextmanager
+def _delayed(uri: str, endpoint: str, delay_ms: int) -> Iterator[str]:
+    """The URI of the same store behind bench/delay_proxy.py: every request ``delay_ms``
+    later."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proxy = subprocess.Popen(
+        [
+            *(sys.executable, str(Path(__file__).with_name("delay_proxy.py")), str(port)),
+            *(endpoint.rsplit(":", 1)[1], str(delay_ms)),
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the delay proxy did not start")
+            time.sleep(0.05)
+        yield uri.replace(endpoint, f"127.0.0.1:{port}")
+    finally:
+        proxy.terminate()
+        proxy.wait()
+
+
+def _sequential(setup: Setup, uri: str, delayed_uri: str) -> list[dict[str, Any]]:
     """The first :data:`SEQUENTIAL_SECONDS` of each whole recording read in order, in 1 MiB
     reads (what a diarization tool reading ``recordings/<id>.wav`` does): seconds of audio
-    per second, and the GETs it took (fresh daemon, empty piece cache, page cache dropped)."""
+    per second, and the GETs it took (fresh daemon, empty piece cache, page cache dropped);
+    also from the store behind a proxy that delays each request."""
     root = setup.work / "mnt-s3"
     mounts = {
         "local": Mount(str(setup.shards), root / "local"),
         "s3": Mount(uri, root / "s3-cold", setup.work / "s3-cache-cold"),
+        "s3 delayed": Mount(delayed_uri, root / "s3-delayed", setup.work / "s3-cache-delayed"),
     }
     rows = []
     try:
@@ -397,22 +430,25 @@ def _markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"The first {SEQUENTIAL_SECONDS:g} s of each recording read whole and in order "
-        "(`recordings/<id>.wav`, 1 MiB reads), cold:",
+        "(`recordings/<id>.wav`, 1 MiB reads), cold; `s3 delayed`: the same server behind "
+        f"bench/delay_proxy.py, {REQUEST_DELAY_MS} ms more per request:",
         "",
         "| recording | local, s of audio per s | s3, s of audio per s | s3 / local | s3 GETs | "
-        "s3 MB fetched |",
-        "|---|--:|--:|--:|--:|--:|",
+        "s3 MB fetched | s3 delayed, s of audio per s | s3 delayed / local |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     by_recording: dict[str, dict[str, dict[str, Any]]] = {}
     for row in results.get("sequential", []):
         by_recording.setdefault(row["recording"], {})[row["system"]] = row
     for rid, systems in by_recording.items():
-        local, remote = systems["local"], systems["s3"]
+        local, remote, far = systems["local"], systems["s3"], systems["s3 delayed"]
+        speed = local["audio_seconds_per_second"]
         lines.append(
-            f"| {rid} | {local['audio_seconds_per_second']:.0f} | "
-            f"{remote['audio_seconds_per_second']:.0f} | "
-            f"{remote['audio_seconds_per_second'] / local['audio_seconds_per_second']:.2f} | "
-            f"{remote['gets']} | {remote['bytes_fetched'] / 1e6:.1f} |"
+            f"| {rid} | {speed:.0f} | {remote['audio_seconds_per_second']:.0f} | "
+            f"{remote['audio_seconds_per_second'] / speed:.2f} | "
+            f"{remote['gets']} | {remote['bytes_fetched'] / 1e6:.1f} | "
+            f"{far['audio_seconds_per_second']:.0f} | "
+            f"{far['audio_seconds_per_second'] / speed:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
