@@ -34,6 +34,8 @@ SEQUENTIAL_DECODES = 2
 MOST_DECODES_AHEAD = 4
 #: Recordings whose order of decodes is followed (the least recently decoded forgotten).
 _SEQUENCES_KEPT = 1024
+#: Streaks are counted no further than the window grows.
+_MOST_STREAK = SEQUENTIAL_DECODES + MOST_DECODES_AHEAD.bit_length()
 
 
 class FrameSource:
@@ -258,7 +260,7 @@ class FrameSource:
         ahead: none unless a file of the recording is being read in order (see
         :data:`SEQUENTIAL_DECODES`), then a window that doubles with every decode."""
         expected, streak = self._sequences.get(recording_index, (-1, 0))
-        streak = streak + 1 if in_order and first_block == expected else 0
+        streak = min(streak + 1, _MOST_STREAK) if in_order and first_block == expected else 0
         self._sequences[recording_index] = (end_block, streak)
         if streak < SEQUENTIAL_DECODES:
             return 0
