@@ -85,9 +85,7 @@ def main() -> int:
 
 @contextmanager
 def _s3rver(command: str, work: Path) -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     data = work / "s3rver-data"
     data.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
@@ -96,18 +94,29 @@ def _s3rver(command: str, work: Path) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("s3rver did not start")
-            time.sleep(0.1)
+        _wait_for_port(port, "s3rver")
         yield f"127.0.0.1:{port}"
     finally:
         process.terminate()
         process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_for_port(port: int, what: str, timeout_seconds: float = 30.0) -> None:
+    """Return once something listens on 127.0.0.1:``port``; raise after the timeout."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start")
+        time.sleep(0.05)
 
 
 def _uploaded(setup: Setup, endpoint: str) -> str:
@@ -281,9 +290,7 @@ REQUEST_DELAY_MS = 20
 def _delayed(uri: str, endpoint: str, delay_ms: int) -> Iterator[str]:
     """The URI of the same store behind bench/delay_proxy.py: every request ``delay_ms``
     later."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     proxy = subprocess.Popen(
         [
             *(sys.executable, str(Path(__file__).with_name("delay_proxy.py")), str(port)),
@@ -291,14 +298,7 @@ def _delayed(uri: str, endpoint: str, delay_ms: int) -> Iterator[str]:
         ]
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the delay proxy did not start")
-            time.sleep(0.05)
+        _wait_for_port(port, "the delay proxy")
         yield uri.replace(endpoint, f"127.0.0.1:{port}")
     finally:
         proxy.terminate()
