@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from corpus import ENCODINGS, ffmpeg_decode, make_corpus, wav_header
 
 from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.packer import pack
 from cutfs.codec.path_escape import escape_id
+from cutfs.codec.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDINGS_FILE
 from cutfs.codec.shard_set import ShardSet
 
 CORPUS_SECONDS = 30.0
@@ -364,3 +366,32 @@ def copy_and_damage(
         for offset, data in damage(end - start):
             shard_file.seek(start + offset)
             shard_file.write(data)
+
+
+def format_1_copy(shard_dir: str | Path, copy: Path) -> None:
+    """Copy a shard directory to ``copy`` as the first releases wrote it (shard format 1):
+    no blob offsets, no file trees or Kaldi order, 32-bit strings in the cuts table."""
+    shutil.copytree(shard_dir, copy)
+    kept = (MANIFEST_FILE, RECORDINGS_FILE, CUTS_FILE)
+    for path in list(copy.iterdir()):
+        if path.name not in kept and "shard-" not in path.name:
+            path.unlink()
+    manifest = json.loads((copy / MANIFEST_FILE).read_text())
+    manifest["version"] = 1
+    for shard in manifest["shards"]:
+        shard.pop("bytes", None)
+    (copy / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pa.OSFile(str(copy / RECORDINGS_FILE), "rb") as source:  # a copy: the file is rewritten
+        recordings = pa.ipc.open_file(source).read_all()
+    _rewrite_table(copy / RECORDINGS_FILE, recordings.drop_columns(["blob_offset"]))
+    with pa.OSFile(str(copy / CUTS_FILE), "rb") as source:
+        cuts = pa.ipc.open_file(source).read_all()
+    for name in ("cut_id", "metadata"):
+        index = cuts.schema.get_field_index(name)
+        cuts = cuts.set_column(index, name, cuts.column(name).cast(pa.string()))
+    _rewrite_table(copy / CUTS_FILE, cuts)
+
+
+def _rewrite_table(path: Path, table: pa.Table) -> None:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)

@@ -12,13 +12,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import trio
+from conftest import format_1_copy
 
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.file_tree import served_paths
 from cutfs.codec.kaldi_order import KaldiOrder, kaldi_key, write_kaldi_order
 from cutfs.codec.packer import pack
 from cutfs.codec.path_escape import escape_id
-from cutfs.codec.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDINGS_FILE
+from cutfs.codec.shard_format import CUTS_FILE, RECORDINGS_FILE
 from cutfs.codec.shard_set import ShardSet
 from cutfs.vfs.cuts_view import CutsView
 from cutfs.vfs.manifests_view import SpilledText, WavScp
@@ -162,25 +163,7 @@ def test_a_format_1_directory_still_mounts_with_the_same_catalogue(
     packed: Path, tmp_path: Path
 ) -> None:
     old = tmp_path / "old"
-    shutil.copytree(packed, old)
-    for name in list(old.iterdir()):
-        if (
-            name.name not in (MANIFEST_FILE, RECORDINGS_FILE, CUTS_FILE)
-            and "shard-" not in name.name
-        ):
-            name.unlink()
-    manifest = json.loads((old / MANIFEST_FILE).read_text())
-    manifest["version"] = 1
-    (old / MANIFEST_FILE).write_text(json.dumps(manifest))
-    with pa.OSFile(str(old / RECORDINGS_FILE), "rb") as source:  # a copy: the file is rewritten
-        table = pa.ipc.open_file(source).read_all()
-    _rewrite(old / RECORDINGS_FILE, table.drop_columns(["blob_offset"]))
-    with pa.OSFile(str(old / CUTS_FILE), "rb") as source:  # format 1 had 32-bit strings
-        cuts = pa.ipc.open_file(source).read_all()
-    for name in ("cut_id", "metadata"):
-        index = cuts.schema.get_field_index(name)
-        cuts = cuts.set_column(index, name, cuts.column(name).cast(pa.string()))
-    _rewrite(old / CUTS_FILE, cuts)
+    format_1_copy(packed, old)
     with ShardSet(str(packed)) as new, ShardSet(str(old)) as legacy:
         assert legacy.version == 1
         assert list(legacy.cut_ids) == list(new.cut_ids)
@@ -191,11 +174,6 @@ def test_a_format_1_directory_still_mounts_with_the_same_catalogue(
             legacy.read_frames(0, cut.start_frame, cut.end_frame)
             == new.read_frames(0, cut.start_frame, cut.end_frame)
         ).all()
-
-
-def _rewrite(path: Path, table: pa.Table) -> None:
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
 
 
 def test_the_cuts_view_looks_up_and_lists_without_a_mount(packed: Path) -> None:

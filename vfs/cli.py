@@ -21,7 +21,7 @@ from tqdm import tqdm
 from cutfs import __version__
 from cutfs.codec.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.command_runner import CommandLimits
-from cutfs.codec.errors import CutfsError
+from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.pack_commit import PackReport, commit_pack
 from cutfs.codec.pack_engines import (
@@ -38,6 +38,7 @@ from cutfs.codec.pack_status import read_status
 from cutfs.codec.packer import pack, pack_in_place
 from cutfs.codec.partition_packer import pack_partition
 from cutfs.codec.remote_shards import is_remote
+from cutfs.codec.shard_upgrade import upgrade_shards
 from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
@@ -51,7 +52,7 @@ log = logging.getLogger("cutfs")
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-_COMMANDS = ("pack", "mount", "umount", "stats", "completion", "manpage")
+_COMMANDS = ("pack", "mount", "upgrade", "umount", "stats", "completion", "manpage")
 #: ``cutfs pack STEP ...``: the steps of a pack, for engines of one's own.
 _PACK_STEPS = ("plan", "run", "commit", "status")
 #: What pack and mount read, for their help.
@@ -947,7 +948,21 @@ class _JournalFormatter(logging.Formatter):
 
 
 def _add_tool_parsers(commands: Any) -> None:
-    """stats, umount, completion and manpage."""
+    """upgrade, stats, umount, completion and manpage."""
+    upgrade_parser = commands.add_parser(
+        "upgrade",
+        help="rewrite a shard directory of an older format as the current one, in place",
+        description="Rewrite the catalogue of a shard directory packed by an older cutfs "
+        "(format 1) as format 2: blob offsets, file trees and Kaldi order are written, the "
+        "shards are not touched (no audio is copied). Mounts then start at once, and the "
+        "directory can be uploaded to object storage. Safe to interrupt and run again; "
+        "a directory already of format 2 is left alone.",
+    )
+    upgrade_parser.add_argument(
+        "directory", metavar="SHARD_DIR", help="a local shard directory from 'cutfs pack'"
+    )
+    upgrade_parser.set_defaults(command="upgrade", run=_upgrade)
+
     stats_parser = commands.add_parser(
         "stats", help="show a mount's counters", description="Print .cutfs/stats of a mount."
     )
@@ -1081,6 +1096,35 @@ def format_stats(stats: dict[str, Any]) -> str:
                 f"{row['p99_ms']:>9.2f} {row['max_ms']:>9.2f}"
             )
     return "\n".join(lines)
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    if is_remote(args.directory):
+        print(
+            "cutfs upgrade: error: upgrade a local copy of the directory, then upload its "
+            "catalogue (the .arrow files other than shard-*.arrow, manifest.json last); "
+            "the shards themselves do not change",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
+    try:
+        report = upgrade_shards(args.directory)
+    except ShardFormatError as exc:
+        print(f"cutfs upgrade: error: {exc}; nothing was changed", file=sys.stderr)
+        return ExitCode.BAD_SHARDS
+    except CutfsError as exc:
+        print(f"cutfs upgrade: error: {exc}", file=sys.stderr)
+        return ExitCode.ERROR
+    if not report.upgraded:
+        print(f"{args.directory} is already shard format {report.from_version}: nothing to do")
+        return ExitCode.OK
+    print(
+        f"upgraded {args.directory} from shard format {report.from_version}: "
+        f"{report.recordings} recordings located, {report.cuts} cuts, "
+        f"{report.catalogue_bytes / 1e6:.1f} MB of catalogue written in "
+        f"{report.seconds:.1f} s; the shards were not changed"
+    )
+    return ExitCode.OK
 
 
 def _umount(args: argparse.Namespace) -> int:

@@ -351,6 +351,13 @@ def serve(
         )
         if user is not None:
             log.info("reading %s as %s", shard_dir, user.describe())
+        if library.describe().get("format_version") == 1:
+            log.warning(
+                "%s is of shard format 1: its file trees were built for this mount; "
+                "'cutfs upgrade %s' writes them once (the shards do not change)",
+                shard_dir,
+                shard_dir,
+            )
         try:
             with acting_as(user):  # root again only to tune the kernel and to unmount
                 trio.run(
