@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/scale.py                      # 10k, 1M, 10M (about 15 minutes)
     .venv/bin/python bench/scale.py --cuts 10000 100000  # any sizes
+    .venv/bin/python bench/scale.py --cuts --upgrade 10000 1000000 10000000
 
 Four 30-minute FLAC recordings are generated (sox) and packed with ``cutfs pack``; each
 size then gets a shard directory that shares those shards and has a catalogue of N cuts
@@ -21,6 +22,10 @@ directory is mounted for real (``cutfs mount``, two decoder workers) and measure
 * missing names: ``os.stat`` of names that do not exist (must be ENOENT);
 * reads: median time to read a whole random cut (cold for the daemon);
 * wav.scp: seconds to its first megabyte, seconds to read it all, and its line count.
+
+``--upgrade N...`` times ``cutfs upgrade`` of each size's directory rewritten as shard
+format 1 (the shards hard-linked), with its peak RSS, and the mount of the directory
+before and after (page cache dropped first).
 
 Results go to docs/bench/scale.md and scale.json.  The machine is shared and noisy:
 compare within a run.
@@ -60,7 +65,7 @@ LOOKUPS = 2000
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cuts", type=int, nargs="+", default=[10_000, 1_000_000, 10_000_000])
+    parser.add_argument("--cuts", type=int, nargs="*", default=[10_000, 1_000_000, 10_000_000])
     parser.add_argument("--work", type=Path, default=REPOSITORY / "bench" / "out-scale")
     parser.add_argument("--out", type=Path, default=REPOSITORY / "docs" / "bench")
     parser.add_argument(
@@ -69,6 +74,13 @@ def main() -> int:
         nargs="*",
         default=[],
         help="also time `cutfs pack` of Lhotse supervisions manifests of these many cuts",
+    )
+    parser.add_argument(
+        "--upgrade",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time `cutfs upgrade` of format-1 directories of these many cuts",
     )
     parser.add_argument(
         "--table-only",
@@ -86,6 +98,14 @@ def main() -> int:
         print(json.dumps(row), flush=True)
     if packs:
         (args.out / "scale-pack.json").write_text(json.dumps(packs, indent=2) + "\n")
+    upgrades = [_time_upgrade(base, args.work, count) for count in args.upgrade]
+    for row in upgrades:
+        print(json.dumps(row), flush=True)
+    if upgrades:
+        (args.out / "scale-upgrade.json").write_text(json.dumps(upgrades, indent=2) + "\n")
+    if not args.cuts:
+        _write_table(args.out)
+        return 0
     results = []
     directories = {}
     for count in args.cuts:
@@ -121,7 +141,10 @@ def _write_table(out: Path) -> None:
         for r in results
         if "writer_seconds" in r
     ]
-    text = _table(results) + "".join(notes) + _pack_table(packs) + _METHOD
+    upgrades_file = out / "scale-upgrade.json"
+    upgrades = json.loads(upgrades_file.read_text()) if upgrades_file.exists() else []
+    text = _table(results) + "".join(notes) + _pack_table(packs) + _upgrade_table(upgrades)
+    text += _METHOD
     (out / "scale.md").write_text(text)
     print(text)
 
@@ -135,6 +158,24 @@ def _pack_table(packs: list[dict[str, Any]]) -> str:
     for row in packs:
         lines.append(
             f"| {row['pack_cuts']:,} | {row['pack_seconds']} | {row['pack_peak_rss_mb']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _upgrade_table(upgrades: list[dict[str, Any]]) -> str:
+    if not upgrades:
+        return ""
+    lines = ["", "## `cutfs upgrade` of shard format 1 (4 recordings, N cuts)", ""]
+    lines.append(
+        "| cuts | upgrade seconds | upgrade peak RSS (MB) | mount of format 1 (s) "
+        "| mount after upgrade (s) |"
+    )
+    lines.append("|---:|---:|---:|---:|---:|")
+    for row in upgrades:
+        lines.append(
+            f"| {row['upgrade_cuts']:,} | {row['upgrade_seconds']} | "
+            f"{row['upgrade_peak_rss_mb']} | {row['mount_format_1_seconds']} | "
+            f"{row['mount_upgraded_seconds']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -306,6 +347,70 @@ def _catalogue(base: Path, directory: Path, count: int) -> Path:
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
     print(f"catalogue of {count} cuts written in {time.perf_counter() - started:.1f} s", flush=True)
     return directory
+
+
+def _time_upgrade(base: Path, work: Path, count: int) -> dict[str, Any]:
+    """``cutfs upgrade`` of a format-1 copy of the ``count``-cut directory, timed, with the
+    peak RSS of the command, and the mounts before and after."""
+    directory = _format_1(_catalogue(base, work / f"cuts-{count}", count), work / f"v1-{count}")
+    mount_before = _mount_seconds(directory, work / f"mnt-v1-{count}")
+    started = time.perf_counter()
+    command = subprocess.Popen([*CUTFS, "upgrade", str(directory)])
+    _, status, usage = os.wait4(command.pid, 0)
+    seconds = time.perf_counter() - started
+    command.returncode = os.waitstatus_to_exitcode(status)
+    if command.returncode != 0:
+        raise RuntimeError(f"cutfs upgrade {directory} failed")
+    return {
+        "upgrade_cuts": count,
+        "upgrade_seconds": round(seconds, 1),
+        "upgrade_peak_rss_mb": round(usage.ru_maxrss / 1024),
+        "mount_format_1_seconds": mount_before,
+        "mount_upgraded_seconds": _mount_seconds(directory, work / f"mnt-v1-{count}"),
+    }
+
+
+def _format_1(directory: Path, copy: Path) -> Path:
+    """``directory`` as the first releases wrote it: the shards, recordings table without
+    blob offsets and cuts table of 32-bit strings, no trees, manifest version 1."""
+    shutil.rmtree(copy, ignore_errors=True)
+    copy.mkdir(parents=True)
+    for item in directory.glob("shard-*"):
+        os.link(item, copy / item.name)
+    with pa.memory_map(str(directory / "recordings.arrow")) as source:
+        recordings = pa.ipc.open_file(source).read_all().drop_columns(["blob_offset"])
+    with pa.memory_map(str(directory / "cuts.arrow")) as source:
+        cuts = pa.ipc.open_file(source).read_all()
+    narrow = pa.schema(
+        [
+            field.with_type(pa.string()) if field.type == pa.large_string() else field
+            for field in cuts.schema
+        ]
+    )
+    for name, table in (("recordings.arrow", recordings), ("cuts.arrow", cuts.cast(narrow))):
+        with (
+            pa.OSFile(str(copy / name), "wb") as sink,
+            pa.ipc.new_file(sink, table.schema) as writer,
+        ):
+            writer.write_table(table, max_chunksize=max(table.num_rows, 1))
+    manifest = json.loads((directory / MANIFEST_FILE).read_text())
+    manifest["version"] = 1
+    (copy / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
+    return copy
+
+
+def _mount_seconds(directory: Path, mountpoint: Path) -> float:
+    """Seconds from ``cutfs mount`` (page cache dropped) to the mount answering."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    started = time.perf_counter()
+    subprocess.run([*CUTFS, "mount", str(directory), str(mountpoint), "--workers", "1"], check=True)
+    try:
+        os.stat(mountpoint / "cuts")
+        return round(time.perf_counter() - started, 2)
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
 
 
 def _ids(numbers: np.ndarray) -> pa.Array:
