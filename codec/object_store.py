@@ -1,38 +1,39 @@
-"""Byte ranges of objects in S3-compatible object storage, each GET conditional on the
-version that was pinned.
+"""Byte ranges of objects in object storage, each GET conditional on the version that was
+pinned: S3 and S3-compatible stores (``s3://``), and Google Cloud Storage (``gs://``).
 
 A :class:`cutfs.codec.byte_store.ByteStore`; mounts put a
 :class:`cutfs.codec.caching_store.CachingStore` in front of it.  Design notes and
 measurements: docs/object-storage-notes.md.  In short: ``pyarrow.fs`` cannot make
-a read conditional, so this uses botocore directly.
+a read conditional, so reads are plain HTTP GETs sent with urllib3, and what differs
+between services (signing, the version a read is conditional on, uploads, listings) is an
+:class:`ObjectService` (:mod:`cutfs.codec.s3_service`, :mod:`cutfs.codec.gcs_service`).
 
-* An object is *pinned* once (a HEAD: its size and ETag); every later read is a
-  ranged GET with ``If-Match`` on that ETag, so an object replaced under a mount
-  fails with :class:`ObjectChangedError` instead of serving other bytes.
+* An object is *pinned* once (its size and version: an S3 ETag, a GCS generation); every
+  later read is a ranged GET conditional on that version, so an object replaced under a
+  mount fails with :class:`ObjectChangedError` instead of serving other bytes.
 * Ranges are always bounded.  :meth:`ObjectStore.read_many` merges ranges closer
   than ``merge_gap_bytes``, splits what is longer than ``max_get_bytes`` into parts,
   and fetches the parts concurrently.
-* Throttling and server errors (5xx, ``SlowDown``) are retried with exponential
-  backoff until ``deadline_seconds`` after the call began; past it,
+* Throttling and server errors (5xx, ``SlowDown``, ``rateLimitExceeded``) are retried with
+  exponential backoff until ``deadline_seconds`` after the call began; past it,
   :class:`ObjectStoreError`.
 * Counters (GETs, bytes, retries, errors) for ``.cutfs/stats``.
 
-Credentials, region and endpoint come from the standard AWS environment and
-config files (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``AWS_ENDPOINT_URL``, ...),
-and from the URI's query: ``s3://bucket/prefix?endpoint_override=host:port&scheme=http``
-(the names pyarrow uses), or ``endpoint_url=http://host:port``.
+Where the objects are, and how to reach them, is an :class:`ObjectLocation`, read from
+``s3://bucket/prefix[?endpoint_override=host:port&scheme=http&region=r]`` (the names
+pyarrow uses; or ``endpoint_url=http://host:port``) or ``gs://bucket/prefix`` (the same
+endpoint parameters, for an emulator).  Credentials come from each service's standard
+places (see its module).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Final, NoReturn, TypeVar
+from typing import Any, Final, NoReturn, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from cutfs.codec.errors import CutfsError, SourceError
@@ -41,13 +42,19 @@ from cutfs.codec.errors import CutfsError, SourceError
 MAX_GET_BYTES: Final = 8 << 20
 #: Ranges closer than this are fetched by one GET.
 MERGE_GAP_BYTES: Final = 64 << 10
+#: The URI schemes of the services this module speaks.
+SCHEMES: Final = ("s3", "gs")
 _T = TypeVar("_T")
-#: Presigned URLs are valid this long, and made again after a quarter of it.
-_URL_LIFETIME_SECONDS: Final = 3600
 _GET_SIZE_EDGES: Final = (64 << 10, 256 << 10, 1 << 20, 8 << 20)
-_RETRYABLE_CODES: Final = frozenset(
-    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError"}
-)
+_QUERY_NAMES: Final = {
+    "s3": frozenset({"endpoint_override", "scheme", "region", "endpoint_url"}),
+    "gs": frozenset({"endpoint_override", "scheme", "endpoint_url"}),
+}
+
+
+def is_remote(source: str) -> bool:
+    """Whether ``source`` names object storage (``s3://``, ``gs://``) rather than a path."""
+    return source.startswith(tuple(f"{scheme}://" for scheme in SCHEMES))
 
 
 class ObjectStoreError(CutfsError):
@@ -56,6 +63,11 @@ class ObjectStoreError(CutfsError):
 
 class ObjectChangedError(ObjectStoreError):
     """An object is no longer the version that was pinned (its ETag changed)."""
+
+
+class RetryableError(Exception):
+    """A failure worth another attempt (throttling, a server error, a lost connection);
+    raised by services, retried by :class:`ObjectStore` within its deadline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,35 +81,47 @@ class ObjectLocation:
     prefix: str
     endpoint_url: str | None = None
     region: str | None = None
+    scheme: str = "s3"
 
     @classmethod
     def from_uri(cls, uri: str) -> ObjectLocation:
-        """``s3://bucket/prefix[?endpoint_override=host:port&scheme=http&region=r]``.
+        """``s3://bucket/prefix[?endpoint_override=host:port&scheme=http&region=r]`` or
+        ``gs://bucket/prefix[?endpoint_override=host:port&scheme=http]``.
 
         Raises :class:`SourceError` for anything else.
         """
         parts = urlsplit(uri)
-        if parts.scheme != "s3" or not parts.netloc:
-            raise SourceError("expected s3://bucket/prefix", where=uri)
+        if parts.scheme not in SCHEMES or not parts.netloc:
+            raise SourceError("expected s3://bucket/prefix or gs://bucket/prefix", where=uri)
         query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
-        unknown = set(query) - {"endpoint_override", "scheme", "region", "endpoint_url"}
+        unknown = set(query) - _QUERY_NAMES[parts.scheme]
         if unknown:
             raise SourceError(f"unknown query parameters: {', '.join(sorted(unknown))}", where=uri)
         endpoint = query.get("endpoint_url")
         if endpoint is None and "endpoint_override" in query:
             endpoint = f"{query.get('scheme', 'https')}://{query['endpoint_override']}"
         prefix = parts.path.strip("/")
-        return cls(parts.netloc, prefix + "/" if prefix else "", endpoint, query.get("region"))
+        return cls(
+            parts.netloc,
+            prefix + "/" if prefix else "",
+            endpoint,
+            query.get("region"),
+            parts.scheme,
+        )
 
     def key(self, name: str) -> str:
         return self.prefix + name
+
+    def where(self, name: str) -> str:
+        """An object's URI, for messages."""
+        return f"{self.scheme}://{self.bucket}/{self.key(name)}"
 
     def uri(self) -> str:
         """The location as a URI that :meth:`from_uri` reads back."""
         query = f"?endpoint_url={self.endpoint_url}" if self.endpoint_url else ""
         if self.region:
             query += ("&" if query else "?") + f"region={self.region}"
-        return f"s3://{self.bucket}/{self.prefix}{query}"
+        return f"{self.scheme}://{self.bucket}/{self.prefix}{query}"
 
 
 @dataclass
@@ -146,17 +170,108 @@ class ObjectStoreCounters:
 
 @dataclass(frozen=True, slots=True)
 class PinnedObject:
-    """An object's size and the ETag every read of it must match."""
+    """An object's size and the version (S3 ETag, GCS generation) every read must match."""
 
     size: int
     etag: str
 
 
+#: Runs one attempt of an operation on an object, again while it raises
+#: :class:`RetryableError` and the deadline allows (see :meth:`ObjectStore.retried`).
+Retried = Callable[[str, Callable[[], _T]], _T]
+
+
+class ObjectService(Protocol):
+    """What one kind of object storage does for an :class:`ObjectStore`.
+
+    Each method is one attempt: it raises :class:`RetryableError` for what is worth
+    another (the store retries within its deadline), :class:`ObjectChangedError` when
+    a precondition on a version failed, :class:`ObjectStoreError` for the rest.  Methods
+    that send several requests (an upload in parts) take ``retried`` to retry each.
+    Thread-safe.
+    """
+
+    def head(self, key: str) -> PinnedObject | None:
+        """The object's size and version, ``None`` if there is none."""
+        ...
+
+    def ranged_get(self, key: str, pinned: PinnedObject, start: int, stop: int) -> RangedGet:
+        """How to ask for bytes ``[start, stop)`` of the pinned version."""
+        ...
+
+    def check_version(self, headers: Any, pinned: PinnedObject) -> bool:
+        """Whether a reply's headers say it is of the pinned version (where they say)."""
+        ...
+
+    def error_code(self, body: bytes) -> str:
+        """The service's code for the error a reply's body describes, or ''."""
+        ...
+
+    def refused(self, key: str, status: int) -> None:
+        """A request was refused for its credentials (401, 403): sign again next time."""
+        ...
+
+    def put_file(self, key: str, path: str, part_bytes: int, retried: Retried[Any]) -> str:
+        """Upload a file as the object, in parts of ``part_bytes`` when larger; its version."""
+        ...
+
+    def put_bytes(self, key: str, data: bytes) -> str: ...
+
+    def list_page(self, prefix: str, token: str | None) -> tuple[dict[str, int], str | None]:
+        """Keys under ``prefix`` with their sizes, and the token of the next page."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove the object; none there is no error."""
+        ...
+
+    def delete_many(self, keys: Sequence[str], retried: Retried[Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RangedGet:
+    """One conditional ranged GET: its URL and headers."""
+
+    url: str
+    headers: dict[str, str]
+
+
+#: Error codes worth another attempt, of every service (S3's, GCS's reasons).
+RETRYABLE_CODES: Final = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "InternalError",
+        "rateLimitExceeded",
+        "userRateLimitExceeded",
+        "backendError",
+        "internalError",
+    }
+)
+
+
+def open_service(
+    location: ObjectLocation, deadline_seconds: float, connections: int
+) -> ObjectService:
+    """The :class:`ObjectService` of ``location``'s scheme."""
+    if location.scheme == "gs":
+        from cutfs.codec.gcs_service import GcsService  # noqa: PLC0415 - only when used
+
+        return GcsService(location, deadline_seconds, connections)
+    from cutfs.codec.s3_service import S3Service  # noqa: PLC0415 - botocore takes 0.2 s
+
+    return S3Service(location, deadline_seconds, connections)
+
+
 class ObjectStore:
     """Bounded, conditional range reads of the objects at one :class:`ObjectLocation`.
 
-    Thread-safe (one botocore client, shared by threads).  Make one per process:
-    botocore clients must not cross a fork.
+    Thread-safe (one service client, shared by threads).  Make one per process:
+    clients must not cross a fork.
     """
 
     def __init__(
@@ -171,8 +286,7 @@ class ObjectStore:
     ) -> None:
         """``pins`` are versions pinned elsewhere (by the daemon, for its workers): reads of
         those objects must match them, and need no HEAD."""
-        import botocore.session  # noqa: PLC0415 - 0.2 s to import: only when a store is used
-        from botocore.config import Config  # noqa: PLC0415
+        import urllib3  # noqa: PLC0415 - botocore's own HTTP library
 
         self.location = location
         self.tally = ObjectStoreCounters()
@@ -180,26 +294,13 @@ class ObjectStore:
         self._deadline_seconds = deadline_seconds
         self._max_get_bytes = max_get_bytes
         self._merge_gap_bytes = merge_gap_bytes
-        config = Config(
-            signature_version="s3v4",
-            max_pool_connections=max(parallel_gets, 4) * 2,
-            retries={"total_max_attempts": 1, "mode": "standard"},  # retried here, under a deadline
-            connect_timeout=min(deadline_seconds, 10.0),
-            read_timeout=min(deadline_seconds, 30.0),
-            s3={"addressing_style": "path"} if location.endpoint_url else {},
-        )
-        session = botocore.session.get_session()
-        self._client: Any = session.create_client(
-            "s3", endpoint_url=location.endpoint_url, region_name=location.region, config=config
-        )
+        connections = max(parallel_gets, 4) * 2
+        self._service: ObjectService = open_service(location, deadline_seconds, connections)
         self._pins: dict[str, PinnedObject] = dict(pins or {})
         self._pins_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=parallel_gets, thread_name_prefix="cutfs-get")
-        self._urls: dict[str, tuple[str, float]] = {}
-        import urllib3  # noqa: PLC0415
-
         self._http = urllib3.PoolManager(
-            maxsize=max(parallel_gets, 4) * 2,
+            maxsize=connections,
             retries=False,
             timeout=urllib3.Timeout(
                 connect=min(deadline_seconds, 10.0), read=min(deadline_seconds, 30.0)
@@ -209,22 +310,23 @@ class ObjectStore:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._http.clear()
-        self._client.close()
+        self._service.close()
 
     def pin(self, name: str) -> PinnedObject:
-        """The object's size and ETag, fetched once (a HEAD) and kept: later reads must see
-        this version.  :class:`ObjectStoreError` if it cannot be reached or does not exist."""
+        """The object's size and version, fetched once (a HEAD) and kept: later reads must
+        see this version.  :class:`ObjectStoreError` if it cannot be reached or is not
+        there."""
         with self._pins_lock:
             pinned = self._pins.get(name)
         if pinned is not None:
             return pinned
-        reply = self._call(
-            name, "head_object", Bucket=self.location.bucket, Key=self.location.key(name)
-        )
+        found = self.retried(name, lambda: self._service.head(self.location.key(name)))
         self.tally.add(heads=1)
-        pinned = PinnedObject(int(reply["ContentLength"]), str(reply["ETag"]))
+        if found is None:
+            self.tally.add(errors=1)
+            raise ObjectStoreError("no such object (404)", where=self._where(name))
         with self._pins_lock:
-            return self._pins.setdefault(name, pinned)
+            return self._pins.setdefault(name, found)
 
     def size(self, name: str) -> int:
         return self.pin(name).size
@@ -233,7 +335,7 @@ class ObjectStore:
         return self.pin(name).etag
 
     def check_unchanged(self, name: str) -> None:
-        """Nothing to do ahead: every GET is conditional on the pinned ETag."""
+        """Nothing to do ahead: every GET is conditional on the pinned version."""
 
     def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> bool:
         """Nothing kept here: a :class:`CachingStore` in front keeps what it fetched."""
@@ -258,106 +360,52 @@ class ObjectStore:
 
     def exists(self, name: str) -> bool:
         """Whether an object is there (a HEAD; not pinned)."""
-        from botocore.exceptions import ClientError  # noqa: PLC0415
-
-        try:
-            self._client.head_object(Bucket=self.location.bucket, Key=self.location.key(name))
-        except ClientError as exc:
-            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-            if status == 404:
-                return False
-            raise ObjectStoreError(f"head_object failed: {exc}", where=self._where(name)) from exc
-        return True
+        found = self.retried(name, lambda: self._service.head(self.location.key(name)))
+        self.tally.add(heads=1)
+        return found is not None
 
     def put(self, name: str, path: str) -> str:
-        """Upload the file ``path`` as object ``name``; returns its ETag.  Files larger than
-        ``max_get_bytes`` go up in parts of that size, a few at once (a multipart upload,
-        aborted if a part fails), so memory stays bounded by the parts in flight."""
-        size = os.path.getsize(path)
-        key = self.location.key(name)
-        if size <= self._max_get_bytes:
-            with open(path, "rb") as file:
-                body = file.read()
-            reply = self._call(name, "put_object", Bucket=self.location.bucket, Key=key, Body=body)
+        """Upload the file ``path`` as object ``name``; returns its version.  Files larger
+        than ``max_get_bytes`` go up in parts of that size (memory stays bounded by the
+        parts in flight)."""
+
+        def retried(what: str, attempt: Callable[[], _T]) -> _T:
+            result = self.retried(what, attempt)
             self.tally.add(puts=1)
-            return str(reply["ETag"])
-        upload = self._call(name, "create_multipart_upload", Bucket=self.location.bucket, Key=key)[
-            "UploadId"
-        ]
-        try:
-            parts = list(
-                self._pool.map(
-                    lambda number: self._put_part(name, path, upload, number),
-                    range(1, -(-size // self._max_get_bytes) + 1),
-                )
-            )
-            reply = self._call(
-                name,
-                "complete_multipart_upload",
-                Bucket=self.location.bucket,
-                Key=key,
-                UploadId=upload,
-                MultipartUpload={"Parts": parts},
-            )
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self._client.abort_multipart_upload(
-                    Bucket=self.location.bucket, Key=key, UploadId=upload
-                )
-            raise
-        return str(reply["ETag"])
+            return result
+
+        key = self.location.key(name)
+        return self._service.put_file(key, path, self._max_get_bytes, retried)
 
     def put_bytes(self, name: str, data: bytes) -> str:
-        """Store ``data`` (small: a marker, a manifest) as object ``name``; returns its ETag."""
-        reply = self._call(
-            name, "put_object", Bucket=self.location.bucket, Key=self.location.key(name), Body=data
-        )
+        """Store ``data`` (small: a marker, a manifest) as object ``name``; its version."""
+        version = self.retried(name, lambda: self._service.put_bytes(self.location.key(name), data))
         self.tally.add(puts=1)
-        return str(reply["ETag"])
+        return version
 
     def listing(self, prefix: str = "") -> dict[str, int]:
         """The objects whose names start with ``prefix`` (relative to the location's
-        prefix), with their sizes, a page of 1 000 per request."""
+        prefix), with their sizes, a page per request."""
         found: dict[str, int] = {}
-        arguments: dict[str, Any] = {
-            "Bucket": self.location.bucket,
-            "Prefix": self.location.key(prefix),
-        }
+        token: str | None = None
         while True:
-            reply = self._call(prefix, "list_objects_v2", **arguments)
+            page, token = self.retried(prefix, self._page_of(self.location.key(prefix), token))
             self.tally.add(lists=1)
-            for entry in reply.get("Contents", []):
-                found[str(entry["Key"])[len(self.location.prefix) :]] = int(entry["Size"])
-            if not reply.get("IsTruncated"):
+            for key, size in page.items():
+                found[key[len(self.location.prefix) :]] = size
+            if token is None:
                 return found
-            arguments["ContinuationToken"] = reply["NextContinuationToken"]
 
     def delete(self, name: str) -> None:
         """Remove object ``name`` (no error when it is not there)."""
-        self._call(name, "delete_object", Bucket=self.location.bucket, Key=self.location.key(name))
+        self.retried(name, lambda: self._service.delete(self.location.key(name)))
         with self._pins_lock:
             self._pins.pop(name, None)
 
     def delete_many(self, names: Sequence[str]) -> None:
-        """Remove the objects ``names``, up to 1 000 per request (absent ones are no error)."""
-        for first in range(0, len(names), 1000):
-            batch = names[first : first + 1000]
-            reply = self._call(
-                batch[0],
-                "delete_objects",
-                Bucket=self.location.bucket,
-                Delete={
-                    "Objects": [{"Key": self.location.key(name)} for name in batch],
-                    "Quiet": True,
-                },
-            )
-            failed = reply.get("Errors", [])
-            if failed:
-                raise ObjectStoreError(
-                    f"delete_objects failed for {len(failed)} objects: "
-                    f"{failed[0].get('Code', '')} {failed[0].get('Message', '')}".strip(),
-                    where=self._where(batch[0]),
-                )
+        """Remove the objects ``names`` (absent ones are no error)."""
+        if names:
+            self._service.delete_many([self.location.key(name) for name in names], self.retried)
         with self._pins_lock:
             for name in names:
                 self._pins.pop(name, None)
@@ -366,23 +414,7 @@ class ObjectStore:
         """Drop the pinned version of ``name``: the next read pins the object anew."""
         with self._pins_lock:
             self._pins.pop(name, None)
-        self._forget_url(name)
-
-    def _put_part(self, name: str, path: str, upload: str, number: int) -> dict[str, Any]:
-        with open(path, "rb") as file:
-            file.seek((number - 1) * self._max_get_bytes)
-            body = file.read(self._max_get_bytes)
-        reply = self._call(
-            name,
-            "upload_part",
-            Bucket=self.location.bucket,
-            Key=self.location.key(name),
-            UploadId=upload,
-            PartNumber=number,
-            Body=body,
-        )
-        self.tally.add(puts=1)
-        return {"PartNumber": number, "ETag": reply["ETag"]}
+        self._service.refused(self.location.key(name), 0)
 
     def get_whole(self, name: str, limit_bytes: int) -> bytes:
         """A small object's bytes (a manifest), refused when larger than ``limit_bytes``."""
@@ -401,11 +433,7 @@ class ObjectStore:
         """
         pinned = self.pin(name)
         for start, stop in ranges:
-            if not 0 <= start <= stop <= pinned.size:
-                raise ObjectStoreError(
-                    f"range [{start}, {stop}) is outside the object's {pinned.size} bytes",
-                    where=self._where(name),
-                )
+            self._check_range(name, pinned, start, stop)
         gets = self.plan(ranges)
         begun = time.monotonic()
         if len(gets) == 1:  # the usual cold cut: no hand-off to a thread
@@ -430,38 +458,6 @@ class ObjectStore:
                 gets.append((part, min(part + self._max_get_bytes, stop)))
         return gets
 
-    def _get(self, name: str, pinned: PinnedObject, span: tuple[int, int], begun: float) -> bytes:
-        """One ranged, conditional GET, sent with urllib3 to a presigned URL: a third of
-        botocore's client CPU per request (measured: 0.5 ms against 1.6 ms), the same
-        signature (Range and If-Match are not signed headers, so any S3 server accepts
-        them on a presigned URL)."""
-        import urllib3  # noqa: PLC0415 - botocore's own HTTP library
-
-        start, stop = span
-        headers = {"Range": f"bytes={start}-{stop - 1}", "If-Match": pinned.etag}
-
-        def attempt() -> bytes:
-            try:
-                reply = self._http.request(
-                    "GET", self._url(name), headers=headers, timeout=self._timeout_within(begun)
-                )
-            except urllib3.exceptions.HTTPError as exc:  # refused, reset, timed out
-                raise _RetryableError(f"GET failed: {exc}") from exc
-            if reply.status == 206:
-                return bytes(reply.data)
-            self._refuse(name, reply.status, reply.data)
-
-        self.tally.add_get(stop - start)
-        data = self._retrying(name, begun, attempt)
-        self.tally.add(bytes_fetched=len(data))
-        if len(data) != stop - start:
-            self.tally.add(errors=1)
-            raise ObjectStoreError(
-                f"asked for {stop - start} bytes at {start}, got {len(data)}",
-                where=self._where(name),
-            )
-        return data
-
     def stream(self, name: str, start: int, stop: int, chunk_bytes: int) -> Iterator[memoryview]:
         """Bytes ``[start, stop)`` of the pinned object in chunks as they arrive, from one
         conditional GET (split at ``max_get_bytes``); a connection that breaks mid-way is
@@ -469,11 +465,7 @@ class ObjectStore:
         import urllib3  # noqa: PLC0415
 
         pinned = self.pin(name)
-        if not 0 <= start <= stop <= pinned.size:
-            raise ObjectStoreError(
-                f"range [{start}, {stop}) is outside the object's {pinned.size} bytes",
-                where=self._where(name),
-            )
+        self._check_range(name, pinned, start, stop)
         begun = time.monotonic()
         position = start
         pending = b""
@@ -506,33 +498,91 @@ class ObjectStore:
         if pending:
             yield memoryview(pending)
 
+    def retried(self, name: str, attempt: Callable[[], _T], begun: float | None = None) -> _T:
+        """``attempt()``, again after a growing pause (50 ms doubling to 2 s) while it raises
+        :class:`RetryableError` and the deadline (from ``begun``, default now) allows; every
+        failure is counted as an error, every new attempt as a retry."""
+        begun = time.monotonic() if begun is None else begun
+        pause = 0.05
+        while True:
+            try:
+                return attempt()
+            except RetryableError as exc:
+                self.tally.add(errors=1)
+                if time.monotonic() + pause - begun > self._deadline_seconds:
+                    raise ObjectStoreError(str(exc), where=self._where(name)) from None
+            except ObjectStoreError:
+                self.tally.add(errors=1)
+                raise
+            self.tally.add(retries=1)
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+    def _page_of(
+        self, prefix: str, token: str | None
+    ) -> Callable[[], tuple[dict[str, int], str | None]]:
+        return lambda: self._service.list_page(prefix, token)
+
+    def _check_range(self, name: str, pinned: PinnedObject, start: int, stop: int) -> None:
+        if not 0 <= start <= stop <= pinned.size:
+            raise ObjectStoreError(
+                f"range [{start}, {stop}) is outside the object's {pinned.size} bytes",
+                where=self._where(name),
+            )
+
+    def _get(self, name: str, pinned: PinnedObject, span: tuple[int, int], begun: float) -> bytes:
+        """One ranged, conditional GET of exactly ``span``."""
+        start, stop = span
+        self.tally.add_get(stop - start)
+
+        def attempt() -> bytes:
+            reply = self._send(name, pinned, span, begun, preload=True)
+            return bytes(reply.data)
+
+        data = self.retried(name, attempt, begun)
+        self.tally.add(bytes_fetched=len(data))
+        if len(data) != stop - start:
+            self.tally.add(errors=1)
+            raise ObjectStoreError(
+                f"asked for {stop - start} bytes at {start}, got {len(data)}",
+                where=self._where(name),
+            )
+        return data
+
     def _open_get(
         self, name: str, pinned: PinnedObject, span: tuple[int, int], begun: float
     ) -> Any:
         """The response of a ranged, conditional GET whose body is still to be read."""
+        return self.retried(
+            name, lambda: self._send(name, pinned, span, begun, preload=False), begun
+        )
+
+    def _send(
+        self, name: str, pinned: PinnedObject, span: tuple[int, int], begun: float, preload: bool
+    ) -> Any:
+        """One attempt of a ranged GET: its response if it is the bytes asked for, of the
+        pinned version; raises what else it answered means."""
         import urllib3  # noqa: PLC0415
 
-        start, stop = span
-        headers = {"Range": f"bytes={start}-{stop - 1}", "If-Match": pinned.etag}
-
-        def attempt() -> Any:
-            try:
-                reply = self._http.request(
-                    "GET",
-                    self._url(name),
-                    headers=headers,
-                    preload_content=False,
-                    timeout=self._timeout_within(begun),
-                )
-            except urllib3.exceptions.HTTPError as exc:  # refused, reset, timed out
-                raise _RetryableError(f"GET failed: {exc}") from exc
-            if reply.status == 206:
-                return reply
-            body = reply.read()
+        get = self._service.ranged_get(self.location.key(name), pinned, *span)
+        try:
+            reply = self._http.request(
+                "GET",
+                get.url,
+                headers=get.headers,
+                preload_content=preload,
+                timeout=self._timeout_within(begun),
+            )
+        except urllib3.exceptions.HTTPError as exc:  # refused, reset, timed out
+            raise RetryableError(f"GET failed: {exc}") from exc
+        if reply.status == 206 and self._service.check_version(reply.headers, pinned):
+            return reply
+        body = reply.data if preload else reply.read()
+        if not preload:
             reply.release_conn()
-            self._refuse(name, reply.status, body)
-
-        return self._retrying(name, begun, attempt)
+        if reply.status == 206:
+            self._refuse(name, 412, b"")
+        self._refuse(name, reply.status, body)
 
     def _refuse(self, name: str, status: int, body: bytes) -> NoReturn:
         """Raise what a GET answered with ``status`` (not 206) means."""
@@ -541,11 +591,11 @@ class ObjectStore:
                 "the object changed since it was mounted: remount to serve the new one",
                 where=self._where(name),
             )
-        code = _error_code(body)
-        if status == 403:
-            self._forget_url(name)  # expired, or the credentials changed: sign again
-        if status in (403, 429) or status >= 500 or code in _RETRYABLE_CODES:
-            raise _RetryableError(f"GET failed: {status} {code}".strip())
+        code = self._service.error_code(body)
+        if status in (401, 403):
+            self._service.refused(self.location.key(name), status)  # sign again
+        if status in (401, 403, 408, 429) or status >= 500 or code in RETRYABLE_CODES:
+            raise RetryableError(f"GET failed: {status} {code}".strip())
         if status == 200:
             raise ObjectStoreError(
                 "the server ignored the byte range (answered with the whole object)",
@@ -560,88 +610,11 @@ class ObjectStore:
 
         remaining = self._deadline_seconds - (time.monotonic() - begun)
         if remaining <= 0:
-            raise _RetryableError("no time left before the deadline")
+            raise RetryableError("no time left before the deadline")
         return urllib3.Timeout(connect=min(remaining, 10.0), read=min(remaining, 30.0))
 
-    def _url(self, name: str) -> str:
-        """A presigned GET URL of the object, made again when older than a quarter of its
-        lifetime (credentials that rotate are picked up then)."""
-        now = time.monotonic()
-        with self._pins_lock:
-            made = self._urls.get(name)
-        if made is not None and now - made[1] < _URL_LIFETIME_SECONDS / 4:
-            return made[0]
-        url: str = self._client.generate_presigned_url(
-            "get_object",
-            Params={"Bucket": self.location.bucket, "Key": self.location.key(name)},
-            ExpiresIn=_URL_LIFETIME_SECONDS,
-        )
-        with self._pins_lock:
-            self._urls[name] = (url, now)
-        return url
-
-    def _forget_url(self, name: str) -> None:
-        with self._pins_lock:
-            self._urls.pop(name, None)
-
-    def _call(self, name: str, operation: str, begun: float | None = None, **arguments: Any) -> Any:
-        """One botocore request (HEAD, PUT, ...), retried like a GET."""
-        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
-
-        def attempt() -> Any:
-            try:
-                return getattr(self._client, operation)(**arguments)
-            except ClientError as exc:
-                error = exc.response.get("Error", {})
-                code = str(error.get("Code", ""))
-                status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-                if code == "PreconditionFailed" or status == 412:
-                    raise ObjectChangedError(
-                        "the object changed since it was mounted: remount to serve the new one",
-                        where=self._where(name),
-                    ) from exc
-                failure = f"{operation} failed: {code or status} {error.get('Message', '')}".strip()
-                if status >= 500 or code in _RETRYABLE_CODES:
-                    raise _RetryableError(failure) from exc
-                raise ObjectStoreError(failure, where=self._where(name)) from exc
-            except BotoCoreError as exc:  # connection refused, timed out, ...
-                raise _RetryableError(f"{operation} failed: {exc}") from exc
-
-        return self._retrying(name, time.monotonic() if begun is None else begun, attempt)
-
-    def _retrying(self, name: str, begun: float, attempt: Callable[[], _T]) -> _T:
-        """``attempt()``, again after a growing pause (50 ms doubling to 2 s) while it raises
-        :class:`_RetryableError` and the deadline (from ``begun``) allows; every failure is
-        counted as an error, every new attempt as a retry."""
-        pause = 0.05
-        while True:
-            try:
-                return attempt()
-            except _RetryableError as exc:
-                self.tally.add(errors=1)
-                if time.monotonic() + pause - begun > self._deadline_seconds:
-                    raise ObjectStoreError(str(exc), where=self._where(name)) from None
-            except ObjectStoreError:
-                self.tally.add(errors=1)
-                raise
-            self.tally.add(retries=1)
-            time.sleep(pause)
-            pause = min(pause * 2, 2.0)
-
     def _where(self, name: str) -> str:
-        return f"s3://{self.location.bucket}/{self.location.key(name)}"
-
-
-class _RetryableError(Exception):
-    """A failure worth another attempt (throttling, a server error, a lost connection)."""
-
-
-def _error_code(body: bytes) -> str:
-    """The ``<Code>`` of an S3 error document, or ''."""
-    start, end = body.find(b"<Code>"), body.find(b"</Code>")
-    if start < 0 or end < start:
-        return ""
-    return body[start + len(b"<Code>") : end].decode("ascii", "replace")[:64]
+        return self.location.where(name)
 
 
 def _size_name(size: int) -> str:

@@ -24,6 +24,7 @@ from multiprocessing import get_context
 from typing import Any, Final, Protocol
 
 from cutfs.codec.errors import SourceError
+from cutfs.codec.object_store import is_remote
 from cutfs.codec.pack_commit import missing_partitions_message
 from cutfs.codec.pack_output import PackOutput
 from cutfs.codec.pack_plan import PackPlan
@@ -285,6 +286,6 @@ def _raise_for(output: PackOutput, plan: PackPlan, failed: list[int]) -> None:
 def default_slurm_folder(output_uri: str) -> str:
     """Where submitit keeps its files when none is given: beside a local output, or in the
     working directory for object storage."""
-    if output_uri.startswith("s3://"):
+    if is_remote(output_uri):
         return os.path.abspath("cutfs-pack-slurm")
     return os.path.join(os.path.abspath(output_uri), "_parts", "slurm")

@@ -20,7 +20,7 @@ from typing import Final, Protocol, TypeVar
 import pyarrow as pa
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.object_store import ObjectLocation, ObjectStore, ObjectStoreError
+from cutfs.codec.object_store import ObjectLocation, ObjectStore, ObjectStoreError, is_remote
 
 #: A marker or plan description larger than this was not written by cutfs.
 MAX_SMALL_FILE_BYTES: Final = 64 << 20
@@ -86,8 +86,9 @@ class PackOutput(Protocol):
 
 
 def open_pack_output(uri: str) -> PackOutput:
-    """The output named ``uri``: ``s3://bucket/prefix`` or a local directory (created)."""
-    if uri.startswith("s3://"):
+    """The output named ``uri``: ``s3://`` or ``gs://bucket/prefix``, or a local directory
+    (created)."""
+    if is_remote(uri):
         return ObjectPackOutput(uri)
     return LocalPackOutput(uri)
 
@@ -207,8 +208,7 @@ class ObjectPackOutput:
         self.store = ObjectStore(ObjectLocation.from_uri(uri))
 
     def where(self, name: str) -> str:
-        location = self.store.location
-        return f"s3://{location.bucket}/{location.key(name)}"
+        return self.store.location.where(name)
 
     def exists(self, name: str) -> bool:
         return self._checked(name, lambda: self.store.exists(name))

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 
 from cutfs.codec.errors import SourceError
+from cutfs.codec.object_store import is_remote
 from cutfs.codec.pack_commit import PackReport, commit_pack
 from cutfs.codec.pack_engines import LocalEngine, PackEngine
 from cutfs.codec.pack_output import LocalPackOutput, PackOutput, open_pack_output
@@ -83,7 +84,7 @@ def pack_in_place(
     :class:`SourceError` when the output holds something else: files that are not
     a pack's, a shard directory, or the plan of other sources or options.
     """
-    if not output_uri.startswith("s3://"):
+    if not is_remote(output_uri):
         _check_output_dir(output_uri, allow_plan=True)
     output = open_pack_output(output_uri)
     try:

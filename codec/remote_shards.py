@@ -30,7 +30,12 @@ from cutfs.codec.caching_store import DEFAULT_DISK_BYTES, DEFAULT_MEMORY_BYTES, 
 from cutfs.codec.catalogue_copy import CATALOGUE_FILES, cached_catalogue
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.library import Library
-from cutfs.codec.object_store import ObjectLocation, ObjectStore, ObjectStoreError, PinnedObject
+from cutfs.codec.object_store import (
+    ObjectLocation,
+    ObjectStore,
+    ObjectStoreError,
+    PinnedObject,
+)
 from cutfs.codec.shard_format import MANIFEST_FILE, is_plain_file_name
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_policy import SourcePolicy
@@ -38,11 +43,6 @@ from cutfs.codec.source_policy import SourcePolicy
 #: A manifest larger than this is not a cutfs manifest (it lists shards, not cuts).
 MAX_MANIFEST_BYTES: Final = 64 << 20
 _PARALLEL_HEADS: Final = 16
-
-
-def is_remote(source: str) -> bool:
-    """Whether ``source`` names object storage rather than a path."""
-    return source.startswith("s3://")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,7 @@ class RemoteShards:
 
     @property
     def where(self) -> str:
-        return f"s3://{self.location.bucket}/{self.location.prefix}"
+        return f"{self.location.scheme}://{self.location.bucket}/{self.location.prefix}"
 
     def open(self, policy: SourcePolicy | None = None) -> Library:
         """The shards, for decoding (no cuts table)."""

