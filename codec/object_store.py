@@ -1,12 +1,14 @@
 """Byte ranges of objects in object storage, each GET conditional on the version that was
-pinned: S3 and S3-compatible stores (``s3://``), and Google Cloud Storage (``gs://``).
+pinned: S3 and S3-compatible stores (``s3://``), Google Cloud Storage (``gs://``) and Azure
+Blob Storage (``az://``).
 
 A :class:`cutfs.codec.byte_store.ByteStore`; mounts put a
 :class:`cutfs.codec.caching_store.CachingStore` in front of it.  Design notes and
 measurements: docs/object-storage-notes.md.  In short: ``pyarrow.fs`` cannot make
 a read conditional, so reads are plain HTTP GETs sent with urllib3, and what differs
 between services (signing, the version a read is conditional on, uploads, listings) is an
-:class:`ObjectService` (:mod:`cutfs.codec.s3_service`, :mod:`cutfs.codec.gcs_service`).
+:class:`ObjectService` (:mod:`cutfs.codec.s3_service`, :mod:`cutfs.codec.gcs_service`,
+:mod:`cutfs.codec.azure_service`).
 
 * An object is *pinned* once (its size and version: an S3 ETag, a GCS generation); every
   later read is a ranged GET conditional on that version, so an object replaced under a
@@ -22,7 +24,8 @@ between services (signing, the version a read is conditional on, uploads, listin
 Where the objects are, and how to reach them, is an :class:`ObjectLocation`, read from
 ``s3://bucket/prefix[?endpoint_override=host:port&scheme=http&region=r]`` (the names
 pyarrow uses; or ``endpoint_url=http://host:port``) or ``gs://bucket/prefix`` (the same
-endpoint parameters, for an emulator).  Credentials come from each service's standard
+endpoint parameters, for an emulator) or ``az://container/prefix[?account=name]``
+(``endpoint_url`` for an emulator).  Credentials come from each service's standard
 places (see its module).
 """
 
@@ -43,12 +46,13 @@ MAX_GET_BYTES: Final = 8 << 20
 #: Ranges closer than this are fetched by one GET.
 MERGE_GAP_BYTES: Final = 64 << 10
 #: The URI schemes of the services this module speaks.
-SCHEMES: Final = ("s3", "gs")
+SCHEMES: Final = ("s3", "gs", "az")
 _T = TypeVar("_T")
 _GET_SIZE_EDGES: Final = (64 << 10, 256 << 10, 1 << 20, 8 << 20)
 _QUERY_NAMES: Final = {
     "s3": frozenset({"endpoint_override", "scheme", "region", "endpoint_url"}),
     "gs": frozenset({"endpoint_override", "scheme", "endpoint_url"}),
+    "az": frozenset({"endpoint_override", "scheme", "endpoint_url", "account"}),
 }
 
 
@@ -82,17 +86,23 @@ class ObjectLocation:
     endpoint_url: str | None = None
     region: str | None = None
     scheme: str = "s3"
+    #: The storage account (Azure), when the URI names it.
+    account: str | None = None
 
     @classmethod
     def from_uri(cls, uri: str) -> ObjectLocation:
-        """``s3://bucket/prefix[?endpoint_override=host:port&scheme=http&region=r]`` or
-        ``gs://bucket/prefix[?endpoint_override=host:port&scheme=http]``.
+        """``s3://bucket/prefix[?endpoint_override=host:port&scheme=http&region=r]``,
+        ``gs://bucket/prefix[?endpoint_override=host:port&scheme=http]`` or
+        ``az://container/prefix[?account=name&endpoint_url=...]``.
 
         Raises :class:`SourceError` for anything else.
         """
         parts = urlsplit(uri)
         if parts.scheme not in SCHEMES or not parts.netloc:
-            raise SourceError("expected s3://bucket/prefix or gs://bucket/prefix", where=uri)
+            raise SourceError(
+                "expected s3://bucket/prefix, gs://bucket/prefix or az://container/prefix",
+                where=uri,
+            )
         query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
         unknown = set(query) - _QUERY_NAMES[parts.scheme]
         if unknown:
@@ -107,6 +117,7 @@ class ObjectLocation:
             endpoint,
             query.get("region"),
             parts.scheme,
+            query.get("account"),
         )
 
     def key(self, name: str) -> str:
@@ -121,6 +132,8 @@ class ObjectLocation:
         query = f"?endpoint_url={self.endpoint_url}" if self.endpoint_url else ""
         if self.region:
             query += ("&" if query else "?") + f"region={self.region}"
+        if self.account:
+            query += ("&" if query else "?") + f"account={self.account}"
         return f"{self.scheme}://{self.bucket}/{self.prefix}{query}"
 
 
@@ -262,6 +275,10 @@ def open_service(
         from cutfs.codec.gcs_service import GcsService  # noqa: PLC0415 - only when used
 
         return GcsService(location, deadline_seconds, connections)
+    if location.scheme == "az":
+        from cutfs.codec.azure_service import AzureService  # noqa: PLC0415 - only when used
+
+        return AzureService(location, deadline_seconds, connections)
     from cutfs.codec.s3_service import S3Service  # noqa: PLC0415 - botocore takes 0.2 s
 
     return S3Service(location, deadline_seconds, connections)
@@ -615,6 +632,14 @@ class ObjectStore:
 
     def _where(self, name: str) -> str:
         return self.location.where(name)
+
+
+def xml_error_code(body: bytes) -> str:
+    """The ``<Code>`` of an XML error document (S3's, Azure's), or ''."""
+    start, end = body.find(b"<Code>"), body.find(b"</Code>")
+    if start < 0 or end < start:
+        return ""
+    return body[start + len(b"<Code>") : end].decode("ascii", "replace")[:64]
 
 
 def _size_name(size: int) -> str:

@@ -28,6 +28,7 @@ from cutfs.codec.object_store import (
     RangedGet,
     Retried,
     RetryableError,
+    xml_error_code,
 )
 
 #: Presigned URLs are valid this long, and made again after a quarter of it.
@@ -79,11 +80,7 @@ class S3Service:
         return True  # the server checked If-Match
 
     def error_code(self, body: bytes) -> str:
-        """The ``<Code>`` of an S3 error document, or ''."""
-        start, end = body.find(b"<Code>"), body.find(b"</Code>")
-        if start < 0 or end < start:
-            return ""
-        return body[start + len(b"<Code>") : end].decode("ascii", "replace")[:64]
+        return xml_error_code(body)
 
     def refused(self, key: str, status: int) -> None:
         """Expired, or the credentials changed: the next GET is signed again."""

@@ -25,6 +25,16 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -c scripts/cpu-torch-constraints.txt -e '.[test,compat,cluster]'
+# Azurite (Azure Blob Storage's emulator, for the az:// tests on loopback) from npm, under
+# .venv/node; without npm those tests are skipped.
+if ! command -v npm >/dev/null && [[ $(id -u) -eq 0 ]]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null || true
+fi
+if command -v npm >/dev/null && [[ ! -x .venv/node/node_modules/.bin/azurite-blob ]]; then
+    npm install --silent --prefix .venv/node azurite@3 >/dev/null \
+        || echo "setup: could not install azurite: the az:// tests will be skipped" >&2
+fi
 echo "setup: ready ($(.venv/bin/cutfs --help >/dev/null && echo cutfs installed in .venv/bin))"
 
 # mount(8) runs helpers with a fixed PATH (/usr/local/bin and the system directories),

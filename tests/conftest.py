@@ -396,6 +396,77 @@ def gcs_server() -> Iterator[GcsServer]:
         process.wait()
 
 
+#: Azurite's account and key, the ones every Azure Storage emulator knows.
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+@dataclass
+class AzuriteServer:
+    """Azurite's Blob service (npm; scripts/setup.sh installs it under .venv/node) in a
+    process of its own, on loopback, checking the account key's signatures."""
+
+    endpoint: str
+    process: subprocess.Popen[bytes]
+
+    def uri(self, bucket: str, prefix: str) -> str:
+        return f"az://{bucket}/{prefix}?endpoint_url={self.endpoint}"
+
+    def _container(self, bucket: str) -> Any:
+        from azure.storage.blob import BlobServiceClient  # noqa: PLC0415
+
+        credential = {"account_name": AZURITE_ACCOUNT, "account_key": AZURITE_KEY}
+        return BlobServiceClient(self.endpoint, credential=credential).get_container_client(bucket)
+
+    def create_bucket(self, bucket: str) -> None:
+        from azure.core.exceptions import ResourceExistsError  # noqa: PLC0415
+
+        with contextlib.suppress(ResourceExistsError):
+            self._container(bucket).create_container()
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        self._container(bucket).upload_blob(key, data, overwrite=True)
+
+    def get(self, bucket: str, key: str) -> bytes:
+        data: bytes = self._container(bucket).download_blob(key).readall()
+        return data
+
+    def keys(self, bucket: str, prefix: str) -> list[str]:
+        return sorted(blob.name for blob in self._container(bucket).list_blobs(prefix))
+
+
+@pytest.fixture(scope="session")
+def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
+    pytest.importorskip("azure.storage.blob")
+    installed = Path(__file__).resolve().parent.parent / ".venv" / "node" / "node_modules"
+    binary = os.environ.get("CUTFS_AZURITE") or shutil.which(
+        "azurite-blob", path=str(installed / ".bin")
+    )
+    if binary is None:
+        pytest.skip("no azurite-blob (scripts/setup.sh installs it with npm)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    data = tmp_path_factory.mktemp("azurite")
+    command = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port)]
+    command += ["--location", str(data), "--silent", "--skipApiVersionCheck"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for_port(port, process, "azurite")
+    endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = (  # the daemons inherit it
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+        f"AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};"
+    )
+    try:
+        yield AzuriteServer(endpoint, process)
+    finally:
+        os.environ.pop("AZURE_STORAGE_CONNECTION_STRING", None)
+        process.kill()
+        process.wait()
+
+
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> None:
     deadline = time.monotonic() + 30
     while True:

@@ -117,9 +117,10 @@ def _parser() -> argparse.ArgumentParser:
         "--output",
         required=True,
         metavar="SHARD_DIR",
-        help="the shard directory to create (must not exist or be empty), or s3://bucket/prefix "
-        "or gs://bucket/prefix (each partition's shard is uploaded as it is packed, the "
-        "manifest last; the prefix must hold no manifest yet)",
+        help="the shard directory to create (must not exist or be empty), or object storage: "
+        "s3://bucket/prefix, gs://bucket/prefix or az://container/prefix (each partition's "
+        "shard is uploaded as it is packed, the manifest last; the prefix must hold no "
+        "manifest yet)",
     )
     pack_parser.add_argument(
         "-j",
@@ -145,8 +146,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Mount read-only; returns once the mount is ready. SOURCE is a shard "
         "directory (from 'cutfs pack'; local, or in object storage as s3://bucket/prefix, "
         "with ?endpoint_override=HOST:PORT&scheme=http for S3-compatible servers and "
-        "credentials from the standard AWS environment and files, or as gs://bucket/prefix "
-        "with Google's application default credentials) or, served in place "
+        "credentials from the standard AWS environment and files, as gs://bucket/prefix "
+        "with Google's application default credentials, or as az://container/prefix?account="
+        "NAME with Azure's) or, served in place "
         "without packing: Lhotse manifests, a Lhotse Shar directory, a Kaldi data "
         "directory, a HuggingFace dataset (save_to_disk or Parquet), WebDataset tars, "
         "Arrow shards with a segment list, or a directory of audio files. Also runs as "
@@ -156,8 +158,8 @@ def _parser() -> argparse.ArgumentParser:
     mount_parser.add_argument(
         "shard_dir",
         metavar="SOURCE",
-        help="a shard directory from 'cutfs pack' (a path, s3://bucket/prefix or "
-        "gs://bucket/prefix), or a source to serve in place",
+        help="a shard directory from 'cutfs pack' (a path, s3://bucket/prefix, "
+        "gs://bucket/prefix or az://container/prefix), or a source to serve in place",
     )
     mount_parser.add_argument(
         "mountpoint", metavar="MOUNTPOINT", help="an existing, empty directory to mount on"
@@ -369,7 +371,7 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     engines = parser.add_argument_group(
         "engines",
         "Where partitions are packed.  With slurm or ray the output (a directory every node "
-        "sees, or s3:// and gs://) is written in place: rerunning an interrupted pack keeps the "
+        "sees, or object storage) is written in place: rerunning an interrupted pack keeps the "
         "partitions already done.",
     )
     engines.add_argument(
@@ -449,7 +451,7 @@ def _pack_step_parser() -> argparse.ArgumentParser:
         "--output",
         required=True,
         metavar="OUT",
-        help="a directory, s3://bucket/prefix or gs://bucket/prefix",
+        help="a directory, or s3://, gs:// or az://bucket/prefix",
     )
     plan.add_argument(
         "--shard-size",

@@ -142,8 +142,8 @@ def open_source(
     disk_cache_bytes: int = DEFAULT_DISK_BYTES,
     deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
 ) -> Library:
-    """A shard directory (local, or ``s3://``/``gs://`` object storage), or any other source
-    prepared for serving in place.
+    """A shard directory (local, or in ``s3://``, ``gs://`` or ``az://`` object storage), or
+    any other source prepared for serving in place.
 
     ``policy`` confines a source served in place (default: its own location,
     no commands).  Raises :class:`MountError` with :attr:`ExitCode.BAD_SHARDS`

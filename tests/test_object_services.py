@@ -1,5 +1,7 @@
-"""Shards in Google Cloud Storage, packed to and mounted from ``gs://bucket/prefix`` on
-fake-gcs-server (loopback): the bytes of a local pack and mount, one GET per cold cut,
+"""Shards in the object stores other than S3 (whose tests, against moto, are
+test_object_store.py and test_remote_shards.py): Google Cloud Storage (``gs://``, on
+fake-gcs-server) and Azure Blob Storage (``az://``, on Azurite), both on loopback.  Each
+is packed to and mounted from: the bytes of a local pack and mount, one GET per cold cut,
 and an object rewritten under the mount failing its reads instead of serving other audio."""
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import (
     CUTFS,
+    AzuriteServer,
     GcsServer,
     assert_same_files,
     cut_path,
@@ -25,13 +28,22 @@ from cutfs.codec.object_store import ObjectChangedError, ObjectLocation, ObjectS
 from cutfs.codec.shard_set import ShardSet
 
 BUCKET = "corpus"
+Server = GcsServer | AzuriteServer
+
+
+@pytest.fixture(scope="module", params=["gs", "az"])
+def server(request: pytest.FixtureRequest) -> Server:
+    found: Server = request.getfixturevalue(
+        "gcs_server" if request.param == "gs" else "azurite_server"
+    )
+    found.create_bucket(BUCKET)
+    return found
 
 
 @pytest.fixture(scope="module")
-def packed_uri(gcs_server: GcsServer, lhotse_manifests: list[str], shard_dir: str) -> str:
-    """The test corpus packed by ``cutfs pack -o gs://...`` (several shards)."""
-    gcs_server.create_bucket(BUCKET)
-    uri = gcs_server.uri(BUCKET, "from-pack")
+def packed_uri(server: Server, lhotse_manifests: list[str], shard_dir: str) -> str:
+    """The test corpus packed by ``cutfs pack -o gs://...`` or ``az://...`` (several shards)."""
+    uri = server.uri(BUCKET, "from-pack")
     command = [*CUTFS, "pack", *lhotse_manifests, "-o", uri, "--shard-size", "8M", "-q"]
     result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
     assert result.returncode == 0, result.stderr
@@ -44,15 +56,13 @@ def _stats(mountpoint: str) -> dict[str, dict[str, int]]:
     return loaded
 
 
-def test_ranges_are_exact_and_a_rewritten_object_is_refused(
-    gcs_server: GcsServer, tmp_path: Path
-) -> None:
-    gcs_server.create_bucket(BUCKET)
+def test_ranges_are_exact_and_a_rewritten_object_is_refused(server: Server, tmp_path: Path) -> None:
+    server.create_bucket(BUCKET)
     data = random.Random(7).randbytes(3 << 20)
     path = tmp_path / "object.bin"
     path.write_bytes(data)
-    location = ObjectLocation.from_uri(gcs_server.uri(BUCKET, "ranges"))
-    assert (location.scheme, location.prefix) == ("gs", "ranges/")
+    location = ObjectLocation.from_uri(server.uri(BUCKET, "ranges"))
+    assert (location.scheme, location.prefix) == (server.uri(BUCKET, "").split(":")[0], "ranges/")
     store = ObjectStore(location, max_get_bytes=1 << 20)
     try:
         store.put("object.bin", str(path))  # a resumable upload: larger than one part
@@ -67,7 +77,7 @@ def test_ranges_are_exact_and_a_rewritten_object_is_refused(
         assert store.counters()["gets"] - before == 3  # split at 1 MiB
         assert b"".join(store.stream("object.bin", 5, 2_000_000, 65536)) == data[5:2_000_000]
         assert store.listing() == {"object.bin": len(data)}
-        gcs_server.put(BUCKET, "ranges/object.bin", data)  # the same bytes, a new generation
+        server.put(BUCKET, "ranges/object.bin", data)  # the same bytes, a new generation
         with pytest.raises(ObjectChangedError, match="changed since it was mounted"):
             store.read("object.bin", 0, 10)
         store.delete_many(["object.bin"])
@@ -78,19 +88,19 @@ def test_ranges_are_exact_and_a_rewritten_object_is_refused(
 
 @needs_fuse
 def test_pack_to_gs_and_a_mount_from_it_serve_what_the_local_ones_do(
-    gcs_server: GcsServer, packed_uri: str, shard_dir: str, mount: str, tmp_path: Path
+    server: Server, packed_uri: str, shard_dir: str, mount: str, tmp_path: Path
 ) -> None:
-    keys = gcs_server.keys(BUCKET, "from-pack/")
+    keys = server.keys(BUCKET, "from-pack/")
     names = sorted(key.removeprefix("from-pack/") for key in keys)
     assert names == sorted(os.listdir(shard_dir))  # no plan or partial tables left behind
     for name in names:
         if name != "manifest.json":
             local = (Path(shard_dir) / name).read_bytes()
-            assert gcs_server.get(BUCKET, f"from-pack/{name}") == local, name
+            assert server.get(BUCKET, f"from-pack/{name}") == local, name
     cache = str(tmp_path / "cache")
     with mounted(packed_uri, str(tmp_path / "mnt"), "--cache-dir", cache, "--workers", "2") as mnt:
         assert_same_files(mnt, mount)
-        assert _stats(mnt)["shards"]["directory"].startswith(f"gs://{BUCKET}/from-pack")
+        assert _stats(mnt)["shards"]["directory"] == packed_uri.split("?", maxsplit=1)[0] + "/"
 
 
 @needs_fuse
@@ -115,9 +125,9 @@ def test_a_cold_cut_costs_one_get(packed_uri: str, shard_dir: str, tmp_path: Pat
 
 @needs_fuse
 def test_a_shard_rewritten_under_a_mount_fails_its_reads_and_the_next_mount(
-    gcs_server: GcsServer, lhotse_manifests: list[str], shard_dir: str, tmp_path: Path
+    server: Server, lhotse_manifests: list[str], shard_dir: str, tmp_path: Path
 ) -> None:
-    uri = gcs_server.uri(BUCKET, "rewritten")
+    uri = server.uri(BUCKET, "rewritten")
     command = [*CUTFS, "pack", *lhotse_manifests, "-o", uri, "--shard-size", "8M", "-q"]
     packed = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
     assert packed.returncode == 0, packed.stderr
@@ -129,7 +139,7 @@ def test_a_shard_rewritten_under_a_mount_fails_its_reads_and_the_next_mount(
     cache = str(tmp_path / "cache")
     with mounted(uri, str(tmp_path / "mnt"), "--cache-dir", cache, "--workers", "1") as mnt:
         # The same bytes under a new generation: only the pinned generation tells.
-        gcs_server.put(BUCKET, f"rewritten/{name}", (Path(shard_dir) / name).read_bytes())
+        server.put(BUCKET, f"rewritten/{name}", (Path(shard_dir) / name).read_bytes())
         with pytest.raises(OSError) as failure, open(cut_path(mnt, victim), "rb") as cut:
             cut.read()
         assert failure.value.errno == errno.EIO
