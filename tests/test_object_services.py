@@ -155,3 +155,20 @@ def test_a_shard_rewritten_under_a_mount_fails_its_reads_and_the_next_mount(
     )
     assert refused.returncode == 3, refused.stderr
     assert "is not the one packed" in refused.stderr
+
+
+def test_the_python_api_reads_every_cut_from_the_store_as_from_the_local_directory(
+    packed_uri: str, shard_dir: str, tmp_path: Path
+) -> None:
+    import cutfs  # noqa: PLC0415
+
+    with (
+        cutfs.open(packed_uri, cache_dir=str(tmp_path / "cache")) as remote,
+        cutfs.open(shard_dir) as local,
+    ):
+        assert list(remote.cut_ids) == list(local.cut_ids)
+        for cut_id in local.cut_ids:
+            samples, rate = remote.read_cut(cut_id)
+            expected, expected_rate = local.read_cut(cut_id)
+            assert rate == expected_rate and samples.shape == expected.shape, cut_id
+            assert (samples == expected).all(), cut_id
