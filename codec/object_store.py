@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, NoReturn, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -59,6 +59,28 @@ _QUERY_NAMES: Final = {
 def is_remote(source: str) -> bool:
     """Whether ``source`` names object storage (``s3://``, ``gs://``) rather than a path."""
     return source.startswith(tuple(f"{scheme}://" for scheme in SCHEMES))
+
+
+def split_object_url(url: str) -> tuple[ObjectLocation, str]:
+    """The location (the bucket, no prefix) and the key of one object's URL, such as a
+    recording's ``s3://bucket/audio/a.flac``; :class:`SourceError` when it names none.
+
+    Such URLs come from manifests, which others write: they may not carry parameters,
+    whose endpoint would send the reader's signed requests or tokens to any host; the
+    endpoint and credentials come from the reader's environment alone.
+    """
+    parts = urlsplit(url)
+    if parts.query or parts.fragment:
+        raise SourceError(
+            "an object's URL may not carry parameters (the endpoint and credentials come "
+            "from the environment: AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST, ...)",
+            where=url,
+        )
+    location = ObjectLocation.from_uri(url)
+    key = location.prefix.rstrip("/")
+    if not key:
+        raise SourceError("the URL names a bucket, not an object", where=url)
+    return replace(location, prefix=""), key
 
 
 class ObjectStoreError(CutfsError):

@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -30,7 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutfs.codec.errors import SourceError
+from cutfs.codec.errors import CutfsError, SourceError
+from cutfs.codec.object_store import ObjectLocation, ObjectStore, split_object_url
 from cutfs.codec.pack_output import PackOutput
 from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.sources import SourceCatalogue, SourceRecording, read_source
@@ -39,7 +41,11 @@ from cutfs.codec.sources.catalogue import CUT_COLUMNS_SCHEMA, DeclaredAudio
 PLAN_FILE: Final = "_plan/plan.json"
 PLAN_RECORDINGS: Final = "_plan/recordings.arrow"
 PLAN_CUTS: Final = "_plan/cuts.arrow"
-PLAN_VERSION: Final = 1
+PLAN_VERSION: Final = 2
+#: Recordings in object storage are sized with a HEAD each at planning, this many at once,
+#: each within this deadline (retries included).
+_PARALLEL_HEADS: Final = 16
+_HEAD_DEADLINE_SECONDS: Final = 60.0
 #: Partitions a plan may have (far more than any cluster runs at once).
 MAX_PARTITIONS: Final = 10_000_000
 #: What a recording whose size cannot be known before it is made (a command's output,
@@ -59,6 +65,7 @@ PLAN_RECORDINGS_SCHEMA: Final = pa.schema(
         ("declared_channels", pa.int64()),
         ("declared_frames", pa.int64()),
         ("planned_bytes", pa.int64()),
+        ("url", pa.string()),
     ]
 )
 
@@ -138,7 +145,7 @@ def make_plan(sources: list[str], output: PackOutput, max_shard_bytes: int) -> P
         )
     catalogue = read_source(sources)
     check_recordings_exist(catalogue)
-    recordings = _recordings_table(catalogue.recordings)
+    recordings = _recordings_table(catalogue.recordings, object_sizes(catalogue.recordings))
     partition_of = _partitions(recordings.column("planned_bytes").to_numpy(), max_shard_bytes)
     cuts = _cuts_by_partition(catalogue, partition_of)
     with output.scratch() as scratch:
@@ -215,8 +222,43 @@ def check_recordings_exist(catalogue: SourceCatalogue) -> None:
             )
 
 
-def _planned_bytes(recording: SourceRecording) -> int:
+def object_sizes(recordings: list[SourceRecording]) -> dict[str, int]:
+    """The size of each recording's object in object storage: one HEAD each, a few at
+    once, one store per bucket.  Raises :class:`SourceError` naming a recording whose
+    object cannot be read (before any work is done, as for a missing file)."""
+    wanted = {recording.url: recording for recording in recordings if recording.url}
+    if not wanted:
+        return {}
+    stores: dict[ObjectLocation, ObjectStore] = {}
+    objects = {}
+    try:
+        for url, recording in wanted.items():
+            location, key = split_object_url(url)
+            if location not in stores:
+                stores[location] = ObjectStore(location, deadline_seconds=_HEAD_DEADLINE_SECONDS)
+            objects[url] = (stores[location], key, recording)
+
+        def size_of(url: str) -> int:
+            store, key, recording = objects[url]
+            try:
+                return store.size(key)
+            except CutfsError as exc:
+                raise SourceError(
+                    f"recording {recording.recording_id!r}: cannot fetch it: {exc.message}",
+                    where=f"{url} (listed in {recording.described_in})",
+                ) from exc
+
+        with ThreadPoolExecutor(max_workers=_PARALLEL_HEADS) as pool:
+            return dict(zip(objects, pool.map(size_of, objects), strict=True))
+    finally:
+        for store in stores.values():
+            store.close()
+
+
+def _planned_bytes(recording: SourceRecording, object_sizes: dict[str, int]) -> int:
     """The source bytes a recording brings to its shard, as far as they are known now."""
+    if recording.url is not None:
+        return object_sizes[recording.url]
     if recording.command is not None or recording.parquet_column is not None:
         declared = recording.declared
         if declared is not None:
@@ -228,7 +270,7 @@ def _planned_bytes(recording: SourceRecording) -> int:
     return max(os.path.getsize(recording.path) - recording.offset_bytes, 0)
 
 
-def _recordings_table(recordings: list[SourceRecording]) -> pa.Table:
+def _recordings_table(recordings: list[SourceRecording], object_sizes: dict[str, int]) -> pa.Table:
     declared = [recording.declared for recording in recordings]
     return pa.table(
         {
@@ -242,7 +284,8 @@ def _recordings_table(recordings: list[SourceRecording]) -> pa.Table:
             "declared_sample_rate": [d.sample_rate if d else None for d in declared],
             "declared_channels": [d.channels if d else None for d in declared],
             "declared_frames": [d.num_frames if d else None for d in declared],
-            "planned_bytes": [_planned_bytes(r) for r in recordings],
+            "planned_bytes": [_planned_bytes(r, object_sizes) for r in recordings],
+            "url": [r.url for r in recordings],
         },
         schema=PLAN_RECORDINGS_SCHEMA,
     )
@@ -376,4 +419,5 @@ def _source_recording(row: dict[str, Any]) -> SourceRecording:
         length_bytes=row["length_bytes"],
         declared=declared,
         parquet_column=row["parquet_column"],
+        url=row["url"],
     )

@@ -41,6 +41,7 @@ from cutfs.codec.command_runner import CommandLimits, run_command
 from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.mapped_table import release_mapped_pages
+from cutfs.codec.object_store import ObjectStore, split_object_url
 from cutfs.codec.pack_output import PackOutput
 from cutfs.codec.pack_plan import PackPlan, partition_inputs, read_plan
 from cutfs.codec.pack_progress import PackProgress, ProgressCallback
@@ -50,6 +51,12 @@ from cutfs.codec.shard_format import CUTS_SCHEMA, shard_file_name, write_table
 from cutfs.codec.shard_writer import ShardWriter
 from cutfs.codec.sources import SourceRecording
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
+
+#: The largest object a recording in object storage may be (a sanity bound against a
+#: manifest naming some huge object; 36 hours of 48 kHz stereo FLAC is about 15 GB).
+MAX_OBJECT_BYTES: Final = 64 << 30
+#: Bytes copied at a time from a container (a tar member) to a file of its own.
+_COPY_BYTES: Final = 8 << 20
 
 #: Markers read at once by :func:`finished_partitions`.
 _MARKER_READERS: Final = 16
@@ -270,6 +277,8 @@ def _index_task(task: tuple[SourceRecording, str]) -> IndexedRecording:
     path = source.path
     if source.command is not None:
         path = _run_command(source, staging)
+    elif source.url is not None:
+        path = _download(source, staging)
     elif (
         source.parquet_column is not None or source.offset_bytes or source.length_bytes is not None
     ):
@@ -298,16 +307,52 @@ def _extract(source: SourceRecording, staging: str) -> str:
         data = read_parquet_cell(
             source.path, source.parquet_column, source.offset_bytes, source.length_bytes or 0
         )
-    else:
-        try:
-            with open(source.path, "rb") as container:
-                container.seek(source.offset_bytes)
-                data = container.read(-1 if source.length_bytes is None else source.length_bytes)
-        except OSError as exc:
-            raise SourceError(f"cannot read: {exc.strerror}", where=source.origin) from exc
+        descriptor, path = tempfile.mkstemp(prefix="member-", suffix=".audio", dir=staging)
+        with os.fdopen(descriptor, "wb") as output:
+            output.write(data)
+        return path
     descriptor, path = tempfile.mkstemp(prefix="member-", suffix=".audio", dir=staging)
-    with os.fdopen(descriptor, "wb") as output:
-        output.write(data)
+    try:
+        with open(source.path, "rb") as container, os.fdopen(descriptor, "wb") as output:
+            container.seek(source.offset_bytes)
+            left = -1 if source.length_bytes is None else source.length_bytes
+            while left != 0:  # in pieces: memory stays bounded whatever the member's size
+                piece = container.read(_COPY_BYTES if left < 0 else min(left, _COPY_BYTES))
+                if not piece:
+                    break
+                output.write(piece)
+                left = left - len(piece) if left > 0 else left
+    except OSError as exc:
+        raise SourceError(f"cannot read: {exc.strerror}", where=source.origin) from exc
+    return path
+
+
+def _download(source: SourceRecording, staging: str) -> str:
+    """Fetch a recording's object whole into the staging directory (in parts: memory
+    stays bounded), refused past :data:`MAX_OBJECT_BYTES`."""
+    assert source.url is not None
+    descriptor, path = tempfile.mkstemp(prefix="object-", suffix=".audio", dir=staging)
+    os.close(descriptor)
+    try:
+        location, name = split_object_url(source.url)
+        store = ObjectStore(location)
+        try:
+            size = store.size(name)
+            if size > MAX_OBJECT_BYTES:
+                raise SourceError(
+                    f"the object has {size} bytes, more than the {MAX_OBJECT_BYTES} a "
+                    "recording may have",
+                    where=source.url,
+                )
+            store.download(name, path)
+        finally:
+            store.close()
+    except CutfsError as exc:
+        os.unlink(path)
+        raise SourceError(
+            f"recording {source.recording_id!r}: cannot fetch it: {exc.message}",
+            where=f"{source.url} (listed in {source.described_in})",
+        ) from exc
     return path
 
 

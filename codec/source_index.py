@@ -262,6 +262,12 @@ def _confine(catalogue: SourceCatalogue, policy: SourcePolicy, refusals: Refusal
     for recording in catalogue.recordings:
         where = f"{recording.described_in} (recording {recording.recording_id!r})"
         with refusals.entry():
+            if recording.url is not None:
+                raise SourceError(
+                    "recordings in object storage are packed, not served in place: "
+                    "cutfs pack the manifests, then mount the shards",
+                    where=where,
+                )
             if recording.command is not None:
                 policy.check_command_file(_defining_file(recording.described_in), where)
             elif recording.path is not None:

@@ -285,6 +285,21 @@ class S3Server:
 
         return botocore.session.get_session().create_client("s3", endpoint_url=self.endpoint)
 
+    def create_bucket(self, bucket: str) -> None:
+        client = self.client()
+        try:
+            with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+                client.create_bucket(Bucket=bucket)
+        finally:
+            client.close()
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        client = self.client()
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=data)
+        finally:
+            client.close()
+
     def upload(self, directory: str, bucket: str, prefix: str) -> None:
         client = self.client()
         try:

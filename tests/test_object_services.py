@@ -12,12 +12,14 @@ import os
 import random
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import (
     CUTFS,
     AzuriteServer,
     GcsServer,
+    S3Server,
     assert_same_files,
     cut_path,
     mounted,
@@ -45,9 +47,21 @@ def packed_uri(server: Server, lhotse_manifests: list[str], shard_dir: str) -> s
     """The test corpus packed by ``cutfs pack -o gs://...`` or ``az://...`` (several shards)."""
     uri = server.uri(BUCKET, "from-pack")
     command = [*CUTFS, "pack", *lhotse_manifests, "-o", uri, "--shard-size", "8M", "-q"]
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    result = _cutfs(*command[len(CUTFS) :])
     assert result.returncode == 0, result.stderr
     return uri
+
+
+def _cutfs(*arguments: str, environment: dict[str, str] | None = None) -> Any:
+    """``cutfs ARGUMENTS`` as a user runs it: its exit status and output."""
+    return subprocess.run(
+        [*CUTFS, *arguments],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env=environment,
+    )
 
 
 def _stats(mountpoint: str) -> dict[str, dict[str, int]]:
@@ -129,7 +143,7 @@ def test_a_shard_rewritten_under_a_mount_fails_its_reads_and_the_next_mount(
 ) -> None:
     uri = server.uri(BUCKET, "rewritten")
     command = [*CUTFS, "pack", *lhotse_manifests, "-o", uri, "--shard-size", "8M", "-q"]
-    packed = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    packed = _cutfs(*command[len(CUTFS) :])
     assert packed.returncode == 0, packed.stderr
     with ShardSet(shard_dir) as shards:
         name, _, _ = shards.blob_location(0)
@@ -146,13 +160,7 @@ def test_a_shard_rewritten_under_a_mount_fails_its_reads_and_the_next_mount(
         assert _stats(mnt)["store"]["errors"] >= 1
         assert os.path.getsize(cut_path(mnt, victim)) > 44  # what needs no audio is answered
     (tmp_path / "refused").mkdir()
-    refused = subprocess.run(
-        [*CUTFS, "mount", uri, str(tmp_path / "refused"), "--cache-dir", str(tmp_path / "c2")],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+    refused = _cutfs("mount", uri, str(tmp_path / "refused"), "--cache-dir", str(tmp_path / "c2"))
     assert refused.returncode == 3, refused.stderr
     assert "is not the one packed" in refused.stderr
 
@@ -172,3 +180,99 @@ def test_the_python_api_reads_every_cut_from_the_store_as_from_the_local_directo
             expected, expected_rate = local.read_cut(cut_id)
             assert rate == expected_rate and samples.shape == expected.shape, cut_id
             assert (samples == expected).all(), cut_id
+
+
+@pytest.fixture(params=["s3", "gs", "az"])
+def audio_store(
+    request: pytest.FixtureRequest, corpus: dict[str, str]
+) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The corpus's audio files uploaded to a store under ``audio/``: the scheme, each file's
+    URL, and the environment that tells ``cutfs pack`` where the server is (as a user's
+    environment names a real store's endpoint and credentials)."""
+    names = {"s3": "s3_server", "gs": "gcs_server", "az": "azurite_server"}
+    found: S3Server | Server = request.getfixturevalue(names[request.param])
+    found.create_bucket(BUCKET)
+    urls = {}
+    for path in sorted(corpus.values()):
+        key = f"audio/{os.path.basename(path)}"
+        found.put(BUCKET, key, Path(path).read_bytes())
+        urls[path] = f"{request.param}://{BUCKET}/{key}"
+    environment = dict(os.environ)
+    if isinstance(found, S3Server):
+        environment["AWS_ENDPOINT_URL"] = found.endpoint
+    elif isinstance(found, GcsServer):
+        environment["STORAGE_EMULATOR_HOST"] = found.endpoint
+    return request.param, urls, environment
+
+
+def test_recordings_in_object_storage_are_fetched_and_packed_as_local_files_are(
+    audio_store: tuple[str, dict[str, str], dict[str, str]],
+    lhotse_manifests: list[str],
+    shard_dir: str,
+    tmp_path: Path,
+) -> None:
+    scheme, urls, environment = audio_store
+    recordings_file, cuts_file = lhotse_manifests
+    remote_recordings = tmp_path / "recordings.jsonl"
+    with open(recordings_file) as local, open(remote_recordings, "w") as remote:
+        for line in local:
+            recording = json.loads(line)
+            (source,) = recording["sources"]
+            source.update(type="url", source=urls[source["source"]])
+            remote.write(json.dumps(recording) + "\n")
+    output = tmp_path / "packed"
+    command = [*CUTFS, "pack", str(remote_recordings), cuts_file, "-o", str(output)]
+    command += ["--shard-size", "8M", "-q"]
+    result = _cutfs(*command[len(CUTFS) :], environment=environment)
+    assert result.returncode == 0, result.stderr
+    shards = sorted(path.name for path in output.glob("shard-*.arrow"))
+    assert shards == sorted(path.name for path in Path(shard_dir).glob("shard-*.arrow"))
+    for name in shards:  # the same blobs, in the same order
+        assert (output / name).read_bytes() == (Path(shard_dir) / name).read_bytes(), name
+    with ShardSet(str(output)) as fetched, ShardSet(shard_dir) as local:
+        assert list(fetched.cut_ids) == list(local.cut_ids)
+        assert all(source.startswith(f"{scheme}://") for source in fetched.recording_sources)
+        for index in range(local.num_cuts):
+            assert fetched.cut(index) == local.cut(index)
+
+    missing = tmp_path / "missing-recordings.jsonl"
+    recording = json.loads(Path(remote_recordings).read_text().splitlines()[0])
+    recording["sources"][0]["source"] = f"{scheme}://{BUCKET}/audio/no-such-file.flac"
+    missing.write_text(json.dumps(recording) + "\n")
+    refused = _cutfs(
+        "pack", str(missing), "-o", str(tmp_path / "refused"), "-q", environment=environment
+    )
+    assert refused.returncode != 0
+    assert f"recording {recording['id']!r}: cannot fetch it" in refused.stderr
+    assert "no-such-file.flac" in refused.stderr
+    assert not (tmp_path / "refused").exists()
+
+
+def test_a_recording_url_with_parameters_is_refused(
+    lhotse_manifests: list[str], tmp_path: Path
+) -> None:
+    """A manifest may not choose the endpoint: the packer's signed requests and tokens
+    would go to whatever host it names."""
+    recording = json.loads(Path(lhotse_manifests[0]).read_text().splitlines()[0])
+    recording["sources"][0].update(
+        type="url", source="s3://corpus/a.flac?endpoint_override=elsewhere.example:80"
+    )
+    manifest = tmp_path / "recordings.jsonl"
+    manifest.write_text(json.dumps(recording) + "\n")
+    refused = _cutfs("pack", str(manifest), "-o", str(tmp_path / "out"), "-q")
+    assert refused.returncode != 0
+    assert "may not carry parameters" in refused.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_recordings_in_object_storage_are_not_served_in_place(
+    lhotse_manifests: list[str], tmp_path: Path
+) -> None:
+    recording = json.loads(Path(lhotse_manifests[0]).read_text().splitlines()[0])
+    recording["sources"][0].update(type="url", source="s3://corpus/audio/a.flac")
+    manifest = tmp_path / "recordings.jsonl"
+    manifest.write_text(json.dumps(recording) + "\n")
+    (tmp_path / "mnt").mkdir()
+    refused = _cutfs("mount", str(manifest), str(tmp_path / "mnt"), "--cache-dir", str(tmp_path))
+    assert refused.returncode == 3, refused.stderr
+    assert "packed, not served in place" in refused.stderr

@@ -181,7 +181,10 @@ def test_the_processes_end_with_the_daemon(tmp_path: Path, shard_dir: str) -> No
             time.sleep(0.1)
         with pytest.raises(OSError) as raised:
             os.statvfs(mnt)
-        assert raised.value.errno == errno.ENOTCONN  # not a mount that hangs
+        # Not a mount that hangs: ENOTCONN once the kernel has aborted the connection, or
+        # ECONNABORTED for a request queued while the last descriptor was being released
+        # (seen on a loaded machine).
+        assert raised.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     unmount(mountpoint)
 
 

@@ -65,8 +65,9 @@ class DeclaredAudio:
 
 @dataclass(frozen=True, slots=True)
 class SourceRecording:
-    """A recording: a file, bytes inside a file (a tar member, an Arrow blob), or a
-    shell command whose output is the file.
+    """A recording: a file, bytes inside a file (a tar member, an Arrow blob), a shell
+    command whose output is the file, or an object in object storage (``url``:
+    ``s3://``, ``gs://`` or ``az://``, fetched whole when packed).
 
     ``length_bytes`` of ``None`` means up to the end of the file.
     """
@@ -81,10 +82,13 @@ class SourceRecording:
     #: A Parquet row's audio: ``offset_bytes`` is then the row group and
     #: ``length_bytes`` the row in it (the bytes are extracted on first use).
     parquet_column: str | None = None
+    url: str | None = None
 
     @property
     def origin(self) -> str:
-        """The file or command, as a user would recognise it."""
+        """The file, command or object, as a user would recognise it."""
+        if self.url is not None:
+            return self.url
         if self.path is None:
             return f"{self.command} |"
         if self.offset_bytes or self.length_bytes is not None:

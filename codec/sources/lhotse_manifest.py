@@ -20,6 +20,7 @@ from typing import Any
 
 from cutfs.codec.errors import SourceError
 from cutfs.codec.limits import MAX_CHANNELS, check_seconds, check_shape
+from cutfs.codec.object_store import is_remote, split_object_url
 from cutfs.codec.sources.catalogue import (
     CutColumns,
     DeclaredAudio,
@@ -138,10 +139,21 @@ def _add_recording(
         recording = SourceRecording(
             recording_id, command=location, described_in=where, declared=declared
         )
+    elif kind == "url" and is_remote(location):
+        split_object_url(location)  # refused now, not when packed
+        recording = SourceRecording(
+            recording_id, url=location, described_in=where, declared=declared
+        )
+    elif kind == "url":
+        raise SourceError(
+            f"recording {recording_id!r}: only URLs of object storage (s3://, gs://, az://) "
+            f"are fetched, not {location.split(':', 1)[0]}:// ones",
+            where=where,
+        )
     else:
         raise SourceError(
             f"recording {recording_id!r}: source type {kind!r} is not supported "
-            "(use 'file' or 'command')",
+            "(use 'file', 'command', or 'url' in object storage)",
             where=where,
         )
     previous = recordings.get(recording_id)
