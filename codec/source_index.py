@@ -63,6 +63,7 @@ from cutfs.codec.limits import (
 )
 from cutfs.codec.local_store import LocalStore, file_stamp
 from cutfs.codec.mapped_table import float_view, read_mapped
+from cutfs.codec.object_store import ObjectStore, split_object_url
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.private_directory import private_directory
 from cutfs.codec.recording import Recording
@@ -84,7 +85,7 @@ from cutfs.codec.sources.audio_dir import AUDIO_EXTENSIONS
 INDEX_FILE: Final = "source-index.json"
 INDEX_FORMAT: Final = "cutfs-source-index"
 #: Bumped when plans or tables change meaning: older index directories are rebuilt.
-INDEX_VERSION: Final = 4
+INDEX_VERSION: Final = 5
 _RECORDINGS: Final = "recordings.arrow"
 _CUTS: Final = "cuts.arrow"
 _PLANS: Final = "plans"
@@ -109,6 +110,7 @@ _CATALOGUE_RECORDINGS: Final = pa.schema(
         ("declared_frames", pa.int64()),
         ("described_in", pa.string()),
         ("parquet_column", pa.string()),
+        ("url", pa.string()),
     ]
 )
 _CATALOGUE_CUTS: Final = pa.schema(
@@ -253,7 +255,11 @@ _AUDIO_SUFFIXES: Final = tuple(sorted(AUDIO_EXTENSIONS))
 
 def _policy_stamp(policy: SourcePolicy) -> dict[str, Any]:
     """What of the policy decides the catalogue: a cached one made under other rules is redone."""
-    return {"roots": list(policy.allowed_roots), "commands": policy.allow_commands}
+    return {
+        "roots": list(policy.allowed_roots),
+        "commands": policy.allow_commands,
+        "objects": list(policy.allowed_objects),
+    }
 
 
 def _confine(catalogue: SourceCatalogue, policy: SourcePolicy, refusals: Refusals) -> None:
@@ -263,12 +269,8 @@ def _confine(catalogue: SourceCatalogue, policy: SourcePolicy, refusals: Refusal
         where = f"{recording.described_in} (recording {recording.recording_id!r})"
         with refusals.entry():
             if recording.url is not None:
-                raise SourceError(
-                    "recordings in object storage are packed, not served in place: "
-                    "cutfs pack the manifests, then mount the shards",
-                    where=where,
-                )
-            if recording.command is not None:
+                policy.check_object(recording.url, where)
+            elif recording.command is not None:
                 policy.check_command_file(_defining_file(recording.described_in), where)
             elif recording.path is not None:
                 policy.check_file(recording.path, where)
@@ -322,6 +324,7 @@ class SourceIndex:
         self._declared_frames = int_column(recordings, "declared_frames")
         self._described_in: list[str] = recordings.column("described_in").to_pylist()
         self._parquet_columns: list[str | None] = recordings.column("parquet_column").to_pylist()
+        self._urls: list[str | None] = recordings.column("url").to_pylist()
         cuts = read_mapped(os.path.join(directory, _CUTS), _CATALOGUE_CUTS) if load_cuts else None
         cuts = cuts if cuts is not None else _CATALOGUE_CUTS.empty_table()
         mentions = info.get("mentions")
@@ -572,8 +575,11 @@ class SourceIndex:
 
     def _plan_key(self, recording_index: int) -> str:
         command = self._commands[recording_index]
+        url = self._urls[recording_index]
         if command is not None:
             identity = f"command\0{command}"
+        elif url is not None:  # kept as first fetched (objects are not watched for changes)
+            identity = f"object\0{url}"
         else:
             path = self._source_path(recording_index)
             try:
@@ -618,7 +624,11 @@ class SourceIndex:
         plans = os.path.join(self.directory, _PLANS)
         if source == os.path.join(plans, f"{key}.flac"):
             expected_offset = 0
-        elif self._commands[recording_index] is not None or self._parquet_columns[recording_index]:
+        elif (
+            self._commands[recording_index] is not None
+            or self._parquet_columns[recording_index]
+            or self._urls[recording_index] is not None
+        ):
             expected_offset = 0
             if source != os.path.join(plans, f"{key}.audio"):
                 raise ValueError("the plan's audio is not the cache's copy")
@@ -664,7 +674,15 @@ class SourceIndex:
         return indexed.recording
 
     def _source_bytes(self, recording_index: int, key: str) -> tuple[str, int, int]:
-        """The file holding a recording's bytes and their range (a command runs once)."""
+        """The file holding a recording's bytes and their range (a command runs once, an
+        object is fetched once)."""
+        url = self._urls[recording_index]
+        if url is not None:
+            path = os.path.join(self.directory, _PLANS, f"{key}.audio")
+            if not os.path.exists(path):
+                self.policy.check_object(url, self._where(recording_index))
+                self._fetch_object(url, path, recording_index)
+            return path, 0, os.path.getsize(path)
         command = self._commands[recording_index]
         if command is not None:
             path = os.path.join(self.directory, _PLANS, f"{key}.audio")
@@ -714,8 +732,38 @@ class SourceIndex:
         return path
 
     def _where(self, recording_index: int) -> str:
-        source = self._paths[recording_index] or f"{self._commands[recording_index]} |"
+        source = (
+            self._urls[recording_index]
+            or self._paths[recording_index]
+            or f"{self._commands[recording_index]} |"
+        )
         return f"{source} (recording {self._recording_ids[recording_index]!r})"
+
+    def _fetch_object(self, url: str, path: str, recording_index: int) -> None:
+        """Download a recording's object into the index cache (beside ``path``, renamed when
+        whole), within what the cache quota leaves."""
+        where = self._where(recording_index)
+        location, name = split_object_url(url)
+        store = ObjectStore(location)
+        try:
+            size = store.size(name)
+            if size > self._cache_room():
+                raise SourceError(
+                    f"the object's {size} bytes do not fit in what the index cache quota "
+                    "leaves (--index-cache-size)",
+                    where=where,
+                )
+            partial = f"{path}.{os.getpid()}.partial"
+            try:
+                store.download(name, partial)
+                os.replace(partial, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(partial)
+        except CutfsError as exc:
+            raise SourceError(f"cannot fetch the audio: {exc.message}", where=where) from exc
+        finally:
+            store.close()
 
     # -- frames -----------------------------------------------------------------------------
 
@@ -805,6 +853,7 @@ def _recordings_table(catalogue: SourceCatalogue) -> pa.Table:
                 "declared_frames": declared.num_frames if declared else -1,
                 "described_in": recording.described_in,
                 "parquet_column": recording.parquet_column,
+                "url": recording.url,
             }
         )
     return pa.Table.from_pylist(rows, schema=_CATALOGUE_RECORDINGS)

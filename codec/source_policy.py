@@ -15,6 +15,9 @@ as root.  The policy confines what their contents can reach:
   the user the daemon runs as, be writable by nobody else, and not belong
   to root; the command runs as that user with the limits of
   :class:`cutfs.codec.command_runner.CommandLimits`.
+* **Objects** in object storage (Lhotse ``url`` sources) are fetched, with the
+  daemon's credentials and endpoint, only beneath the prefixes an administrator
+  allows (``--allow-objects s3://bucket/prefix/``); none by default.
 
 ``cutfs pack`` is an explicit action of the user who runs it and reads with
 that user's rights: it uses :meth:`SourcePolicy.unrestricted`.
@@ -30,6 +33,7 @@ from typing import Final
 
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import SourceError
+from cutfs.codec.object_store import split_object_url
 
 #: Default of ``--index-cache-size``.
 DEFAULT_CACHE_QUOTA_BYTES: Final = 8 << 30
@@ -50,6 +54,8 @@ class SourcePolicy:
     #: The most bytes of audio copies (command output, Parquet rows, transcodes) a
     #: source may make the index cache hold.
     cache_quota_bytes: int = DEFAULT_CACHE_QUOTA_BYTES
+    #: URL prefixes (``s3://bucket/prefix/``) under which objects may be fetched.
+    allowed_objects: tuple[str, ...] = ()
 
     @classmethod
     def for_source(
@@ -60,13 +66,20 @@ class SourcePolicy:
         allow_commands: bool = False,
         command_limits: CommandLimits | None = None,
         cache_quota_bytes: int = DEFAULT_CACHE_QUOTA_BYTES,
+        allowed_objects: tuple[str, ...] = (),
     ) -> SourcePolicy:
-        """The default policy for serving ``source``: its own location and ``extra_roots``."""
+        """The default policy for serving ``source``: its own location and ``extra_roots``
+        (and the objects beneath ``allowed_objects``)."""
         source = os.path.realpath(source)
         own = source if os.path.isdir(source) else os.path.dirname(source)
         roots = tuple(dict.fromkeys([own, *(os.path.realpath(r) for r in extra_roots)]))
         return cls(
-            roots, allow_commands, command_limits or CommandLimits(), False, cache_quota_bytes
+            roots,
+            allow_commands,
+            command_limits or CommandLimits(),
+            False,
+            cache_quota_bytes,
+            tuple(allowed_objects),
         )
 
     @classmethod
@@ -101,6 +114,19 @@ class SourcePolicy:
             raise SourceError(f"cannot read {path}: {exc.strerror}", where=where) from exc
         if not stat.S_ISREG(status.st_mode):
             raise SourceError(f"{path} is not a regular file", where=where)
+
+    def check_object(self, url: str, where: str) -> None:
+        """Raise :class:`SourceError` unless ``url`` names an object beneath an allowed
+        prefix (and carries no parameters: see :func:`split_object_url`)."""
+        split_object_url(url)
+        if self.unrestricted or any(url.startswith(prefix) for prefix in self.allowed_objects):
+            return
+        allowed = ", ".join(self.allowed_objects) or "none"
+        raise SourceError(
+            f"{url} is not beneath the object prefixes allowed ({allowed}); an administrator "
+            "can allow it with --allow-objects",
+            where=where,
+        )
 
     def open_file(self, path: str) -> int:
         """A read-only descriptor of ``path``, checked on the file actually opened.

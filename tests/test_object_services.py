@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ from conftest import (
     AzuriteServer,
     GcsServer,
     S3Server,
+    all_files,
     assert_same_files,
     cut_path,
+    file_content,
     mounted,
     needs_fuse,
 )
@@ -205,6 +208,24 @@ def audio_store(
     return request.param, urls, environment
 
 
+def _url_manifests(
+    lhotse_manifests: list[str], urls: dict[str, str], directory: Path
+) -> tuple[Path, str]:
+    """The test manifests, in ``directory``, with every recording's file source replaced by
+    its object's URL."""
+    recordings_file, cuts_file = lhotse_manifests
+    directory.mkdir(exist_ok=True)
+    cuts_file = shutil.copy(cuts_file, directory / "cuts.jsonl")
+    remote_recordings = directory / "recordings.jsonl"
+    with open(recordings_file) as local, open(remote_recordings, "w") as remote:
+        for line in local:
+            recording = json.loads(line)
+            (source,) = recording["sources"]
+            source.update(type="url", source=urls[source["source"]])
+            remote.write(json.dumps(recording) + "\n")
+    return remote_recordings, str(cuts_file)
+
+
 def test_recordings_in_object_storage_are_fetched_and_packed_as_local_files_are(
     audio_store: tuple[str, dict[str, str], dict[str, str]],
     lhotse_manifests: list[str],
@@ -212,14 +233,7 @@ def test_recordings_in_object_storage_are_fetched_and_packed_as_local_files_are(
     tmp_path: Path,
 ) -> None:
     scheme, urls, environment = audio_store
-    recordings_file, cuts_file = lhotse_manifests
-    remote_recordings = tmp_path / "recordings.jsonl"
-    with open(recordings_file) as local, open(remote_recordings, "w") as remote:
-        for line in local:
-            recording = json.loads(line)
-            (source,) = recording["sources"]
-            source.update(type="url", source=urls[source["source"]])
-            remote.write(json.dumps(recording) + "\n")
+    remote_recordings, cuts_file = _url_manifests(lhotse_manifests, urls, tmp_path / "urls")
     output = tmp_path / "packed"
     command = [*CUTFS, "pack", str(remote_recordings), cuts_file, "-o", str(output)]
     command += ["--shard-size", "8M", "-q"]
@@ -265,14 +279,30 @@ def test_a_recording_url_with_parameters_is_refused(
     assert not (tmp_path / "out").exists()
 
 
-def test_recordings_in_object_storage_are_not_served_in_place(
-    lhotse_manifests: list[str], tmp_path: Path
+@needs_fuse
+def test_recordings_in_object_storage_are_served_in_place_from_allowed_prefixes_only(
+    audio_store: tuple[str, dict[str, str], dict[str, str]],
+    lhotse_manifests: list[str],
+    mount: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    recording = json.loads(Path(lhotse_manifests[0]).read_text().splitlines()[0])
-    recording["sources"][0].update(type="url", source="s3://corpus/audio/a.flac")
-    manifest = tmp_path / "recordings.jsonl"
-    manifest.write_text(json.dumps(recording) + "\n")
-    (tmp_path / "mnt").mkdir()
-    refused = _cutfs("mount", str(manifest), str(tmp_path / "mnt"), "--cache-dir", str(tmp_path))
+    scheme, urls, environment = audio_store
+    for name, value in environment.items():  # the daemon inherits the store's endpoint
+        if os.environ.get(name) != value:
+            monkeypatch.setenv(name, value)
+    source = tmp_path / "manifests"
+    _url_manifests(lhotse_manifests, urls, source)
+    cache = str(tmp_path / "cache")
+    (tmp_path / "refused").mkdir()
+    refused = _cutfs("mount", str(source), str(tmp_path / "refused"), "--cache-dir", cache)
     assert refused.returncode == 3, refused.stderr
-    assert "packed, not served in place" in refused.stderr
+    assert "not beneath the object prefixes allowed (none)" in refused.stderr
+    assert "--allow-objects" in refused.stderr
+    allowed = ("--allow-objects", f"{scheme}://{BUCKET}/audio/", "--cache-dir", cache)
+    with mounted(str(source), str(tmp_path / "mnt"), *allowed, "--workers", "2") as mnt:
+        served = [name for name in all_files(mnt) if name.endswith(".wav")]
+        assert len(served) > 30
+        assert served == [name for name in all_files(mount) if name.endswith(".wav")]
+        for name in served:  # every cut and recording file, the samples of the files
+            assert file_content(mnt, name) == file_content(mount, name), name

@@ -261,6 +261,17 @@ def _parser() -> argparse.ArgumentParser:
         "files beneath the source itself); may be repeated",
     )
     mount_parser.add_argument(
+        "--allow-objects",
+        dest="allow_objects",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="let a source served in place fetch the objects its manifests name (Lhotse url "
+        "sources) beneath PREFIX, e.g. s3://corpus/audio/, with the daemon's credentials; "
+        "each is fetched whole into the index cache on first use (none by default); may be "
+        "repeated",
+    )
+    mount_parser.add_argument(
         "--allow-commands",
         action="store_true",
         help="run the shell commands of a source served in place (Kaldi 'cmd |' lines, Lhotse "
@@ -341,7 +352,8 @@ def _parser() -> argparse.ArgumentParser:
         help="mount(8)-style options: ro, allow_other, cache_size=4G, workers=N, "
         "read_timeout=S, uid=N, gid=N, file_mode=0444, dir_mode=0555, log_file=PATH, "
         "cache_dir=DIR, window=S, overlap=S, sample_rate=HZ, mono, float32, debug, user=USER, "
-        "allow_root=DIR, allow_commands, command_timeout=S, index_cache_size=BYTES",
+        "allow_root=DIR, allow_objects=PREFIX, allow_commands, command_timeout=S, "
+        "index_cache_size=BYTES",
     )
     mount_parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     mount_parser.set_defaults(command="mount", run=_mount)
@@ -800,6 +812,9 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
             if key == "allow_root" and has_value:
                 args.allow_roots.append(value)
                 continue
+            if key == "allow_objects" and has_value:
+                args.allow_objects.append(value)
+                continue
             if key not in setters or not has_value:
                 raise ValueError(f"unknown mount option {option!r}")
             attribute, parse = setters[key]
@@ -832,6 +847,7 @@ def _mount(args: argparse.Namespace) -> int:
         windows=_windows(args),
         output_format=_output_format(args),
         allowed_roots=tuple(os.path.abspath(root) for root in args.allow_roots),
+        allowed_objects=tuple(args.allow_objects),
         allow_commands=args.allow_commands,
         command_limits=CommandLimits(timeout_seconds=args.command_timeout),
         cache_quota_bytes=args.index_cache_size,

@@ -120,6 +120,8 @@ class MountOptions:
     output_format: OutputFormat = field(default_factory=OutputFormat)
     #: Directories besides the source's own that a source served in place may read.
     allowed_roots: tuple[str, ...] = ()
+    #: URL prefixes under which a source served in place may have its objects fetched.
+    allowed_objects: tuple[str, ...] = ()
     #: Run the shell commands of sources served in place (Kaldi ``cmd |``, Lhotse commands).
     allow_commands: bool = False
     command_limits: CommandLimits = field(default_factory=CommandLimits)
@@ -265,6 +267,7 @@ def serve(
             allow_commands=options.allow_commands,
             command_limits=options.command_limits,
             cache_quota_bytes=options.cache_quota_bytes,
+            allowed_objects=options.allowed_objects,
         )
     )
     cache_dir = cache_root_for(options.cache_dir, user)
