@@ -222,6 +222,50 @@ def _sndfile_frames(
 MEMORY_SPLICE_BYTES: Final = 16 << 20
 
 
+#: How far around the bytes it needs a decoder reads, by method: (past the header,
+#: before the seek point, past the seek point after the wanted frames).  Measured over the
+#: test corpus's codecs, with room: Opus and AAC decoders read up to 19 KiB past the span
+#: (their reader's buffer, the packets that fill the decoder's delay); MP4 demuxers up to
+#: 52 KiB either side.  FLAC through libsndfile reads exactly its splice.  Fetched with the
+#: span, so that none of it is a second request; too little costs a request, never a wrong
+#: sample.
+DECODER_MARGINS_BYTES: Final = {
+    DecodeMethod.SNDFILE: (0, 0, 0),
+    DecodeMethod.SPLICE: (0, 0, 32 << 10),
+    DecodeMethod.SEEK: (0, 64 << 10, 64 << 10),
+}
+
+
+def decode_spans(
+    recording: Recording, blob_bytes: int, first: int, end: int, *, header: bool = True
+) -> list[tuple[int, int]]:
+    """The byte ranges of a blob that decoding frames ``[first, end)`` reads: the header and
+    the span from the seek point before ``first`` (minus pre-roll) to the one after ``end``,
+    widened by :data:`DECODER_MARGINS_BYTES`.
+
+    Libraries ask their store for them in one request before decoding (a blob's
+    ``prefetch``): the maps are advised MADV_RANDOM (no read-ahead on a fault) and a
+    remote store pays a round trip per request.
+    """
+    if recording.method is DecodeMethod.PCM:
+        frame_bytes = sample_bytes(recording.pcm_format) * recording.channels
+        data_start = recording.header_bytes
+        return [(data_start + first * frame_bytes, data_start + end * frame_bytes)]
+    if recording.method is DecodeMethod.SNDFILE:
+        point, span_end = sndfile_span(recording, blob_bytes, first, end)
+        span_start = point.byte_offset
+    else:
+        index = recording.seek_index
+        span_start = index.point_at_or_before(first - recording.preroll_frames).byte_offset
+        after = index.first_point_after(end)
+        span_end = after.byte_offset if after is not None else blob_bytes
+    past_header, before, past_span = DECODER_MARGINS_BYTES[recording.method]
+    span = (max(span_start - before, 0), min(span_end + past_span, blob_bytes))
+    if not header:
+        return [span]
+    return [(0, min(recording.header_bytes + past_header, blob_bytes)), span]
+
+
 def sndfile_span(
     recording: Recording, blob_bytes: int, first: int, end: int
 ) -> tuple[SeekPoint, int]:

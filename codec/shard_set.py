@@ -9,7 +9,7 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -20,15 +20,15 @@ from cutfs.codec.byte_store import ByteStore
 from cutfs.codec.catalogue_copy import catalogue_directory
 from cutfs.codec.cut import Cut
 from cutfs.codec.cut_table import CutTable
-from cutfs.codec.decoder import DecodeTrace, decode_frames, sndfile_span
+from cutfs.codec.decoder import DecodeTrace, decode_frames, decode_spans
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import TREE_FILES, FileTree, served_paths, write_file_tree
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
 from cutfs.codec.library import AudioShape, LibrarySpec, LocalLibrary
 from cutfs.codec.local_store import LocalStore, file_stamp
 from cutfs.codec.mapped_table import int_view, read_mapped
-from cutfs.codec.pcm import Int16Array, sample_bytes
-from cutfs.codec.recording import DecodeMethod, Recording
+from cutfs.codec.pcm import Int16Array
+from cutfs.codec.recording import Recording
 from cutfs.codec.recording_table import RecordingTable
 from cutfs.codec.shard_format import (
     CUTS_FILE,
@@ -285,10 +285,10 @@ class ShardSet:
         self._check_unchanged(recording_index)
         started = time.perf_counter()
         blob = self.blob(recording_index)
-        at_hand = blob.prefetch(_decode_spans(recording, len(blob), first, end))
+        at_hand = blob.prefetch(decode_spans(recording, len(blob), first, end))
         ahead_end = min(end + max(ahead_frames, 0), recording.num_frames)
         if ahead_end > end:
-            blob.prefetch(_decode_spans(recording, len(blob), end, ahead_end, header=False))
+            blob.prefetch(decode_spans(recording, len(blob), end, ahead_end, header=False))
         if trace is not None and trace.profile:
             trace.add_phase("fetch", time.perf_counter() - started)
         return decode_frames(blob, recording, first, end, trace, arriving=not at_hand)
@@ -387,49 +387,6 @@ def _built_catalogue(
         order = os.path.join(scratch, KALDI_ORDER_FILE)
         write_kaldi_order(order, ids, cut_paths)
         return FileTree(cuts), FileTree(recordings), KaldiOrder(order, len(cut_ids))
-
-
-#: How far around the bytes it needs a decoder reads, by method: (past the header,
-#: before the seek point, past the seek point after the wanted frames).  Measured over the
-#: test corpus's codecs, with room: Opus and AAC decoders read up to 19 KiB past the span
-#: (their reader's buffer, the packets that fill the decoder's delay); MP4 demuxers up to
-#: 52 KiB either side.  FLAC through libsndfile reads exactly its splice.  Fetched with the
-#: span, so that none of it is a second request; too little costs a request, never a wrong
-#: sample.
-DECODER_MARGINS_BYTES: Final = {
-    DecodeMethod.SNDFILE: (0, 0, 0),
-    DecodeMethod.SPLICE: (0, 0, 32 << 10),
-    DecodeMethod.SEEK: (0, 64 << 10, 64 << 10),
-}
-
-
-def _decode_spans(
-    recording: Recording, blob_bytes: int, first: int, end: int, *, header: bool = True
-) -> list[tuple[int, int]]:
-    """The byte ranges of a blob that decoding frames ``[first, end)`` reads: the header and
-    the span from the seek point before ``first`` (minus pre-roll) to the one after ``end``,
-    widened by :data:`DECODER_MARGINS_BYTES`.
-
-    Asked for in one request: the maps are advised MADV_RANDOM (no read-ahead on
-    a fault) and a remote store pays a round trip per request.
-    """
-    if recording.method is DecodeMethod.PCM:
-        frame_bytes = sample_bytes(recording.pcm_format) * recording.channels
-        data_start = recording.header_bytes
-        return [(data_start + first * frame_bytes, data_start + end * frame_bytes)]
-    if recording.method is DecodeMethod.SNDFILE:
-        point, span_end = sndfile_span(recording, blob_bytes, first, end)
-        span_start = point.byte_offset
-    else:
-        index = recording.seek_index
-        span_start = index.point_at_or_before(first - recording.preroll_frames).byte_offset
-        after = index.first_point_after(end)
-        span_end = after.byte_offset if after is not None else blob_bytes
-    past_header, before, past_span = DECODER_MARGINS_BYTES[recording.method]
-    span = (max(span_start - before, 0), min(span_end + past_span, blob_bytes))
-    if not header:
-        return [span]
-    return [(0, min(recording.header_bytes + past_header, blob_bytes)), span]
 
 
 def _identity(directory: str, shard_versions: list[str]) -> str:

@@ -50,7 +50,7 @@ from cutfs.codec.blob import Blob
 from cutfs.codec.command_runner import run_command
 from cutfs.codec.cut import Cut, seconds_to_frames
 from cutfs.codec.cut_table import CutTable, mentions_of
-from cutfs.codec.decoder import DecodeTrace, decode_frames
+from cutfs.codec.decoder import DecodeTrace, decode_frames, decode_spans
 from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
 from cutfs.codec.file_tree import FileTree, served_paths, write_file_tree
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
@@ -63,12 +63,13 @@ from cutfs.codec.limits import (
 )
 from cutfs.codec.local_store import LocalStore, file_stamp
 from cutfs.codec.mapped_table import float_view, read_mapped
-from cutfs.codec.object_store import ObjectStore, split_object_url
+from cutfs.codec.object_store import is_remote
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.private_directory import private_directory
 from cutfs.codec.recording import Recording
 from cutfs.codec.recording_indexer import index_recording
 from cutfs.codec.recording_table import recording_from_row, recording_row
+from cutfs.codec.routing_store import RoutingStore
 from cutfs.codec.shard_format import (
     CUTS_TREE,
     RECORDINGS_SCHEMA,
@@ -89,6 +90,10 @@ INDEX_VERSION: Final = 5
 _RECORDINGS: Final = "recordings.arrow"
 _CUTS: Final = "cuts.arrow"
 _PLANS: Final = "plans"
+#: The piece cache of the objects of url sources.
+_PIECES: Final = "pieces"
+#: The copy of an object that indexing reads, in its temporary directory.
+_FETCHED: Final = "object.audio"
 #: Messages about refused entries kept in the index file (the count is always exact).
 _REFUSALS_KEPT: Final = 1000
 #: Cuts kept converted to frames (a bounded cache: cuts are many).
@@ -312,7 +317,9 @@ class SourceIndex:
         source = str(info.get("source"))
         self.policy = (policy or SourcePolicy.for_source(source)).with_root(directory)
         self._tolerance_seconds = duration_tolerance_seconds()
-        self.store = store or LocalStore("/", opener=self.policy.open_file)
+        local = store or LocalStore("/", opener=self.policy.open_file)
+        #: Files by path, and the objects of url sources by URL (through a piece cache).
+        self.store = RoutingStore(local, os.path.join(directory, _PIECES))
         recordings = read_table(os.path.join(directory, _RECORDINGS))
         self._recording_ids: list[str] = recordings.column("recording_id").to_pylist()
         self._paths: list[str | None] = recordings.column("path").to_pylist()
@@ -578,8 +585,8 @@ class SourceIndex:
         url = self._urls[recording_index]
         if command is not None:
             identity = f"command\0{command}"
-        elif url is not None:  # kept as first fetched (objects are not watched for changes)
-            identity = f"object\0{url}"
+        elif url is not None:  # the version its reads are pinned to
+            identity = f"object\0{url}\0{self._object_version(recording_index, url)}"
         else:
             path = self._source_path(recording_index)
             try:
@@ -612,7 +619,7 @@ class SourceIndex:
         except (ShardFormatError, IndexError, KeyError, TypeError, ValueError, OSError):
             return None  # not computed yet, unreadable or not to be trusted: compute it again
         self._blobs[recording_index] = blob
-        self._blob_stamps[recording_index] = file_stamp(blob[0])
+        self._blob_stamps[recording_index] = self._stamp(blob[0])
         return recording
 
     def _checked_blob(
@@ -624,11 +631,11 @@ class SourceIndex:
         plans = os.path.join(self.directory, _PLANS)
         if source == os.path.join(plans, f"{key}.flac"):
             expected_offset = 0
-        elif (
-            self._commands[recording_index] is not None
-            or self._parquet_columns[recording_index]
-            or self._urls[recording_index] is not None
-        ):
+        elif self._urls[recording_index] is not None:
+            expected_offset = 0
+            if source != self._urls[recording_index]:
+                raise ValueError("the plan's audio is not the recording's object")
+        elif self._commands[recording_index] is not None or self._parquet_columns[recording_index]:
             expected_offset = 0
             if source != os.path.join(plans, f"{key}.audio"):
                 raise ValueError("the plan's audio is not the cache's copy")
@@ -638,7 +645,7 @@ class SourceIndex:
                 raise ValueError("the plan's audio is not the recording's file")
         if offset != expected_offset or not isinstance(stored, int) or stored <= 0:
             raise ValueError("the plan's byte range is not the recording's")
-        if offset + stored > os.stat(source).st_size:
+        if offset + stored > self._source_size(source):
             raise ValueError("the plan's byte range ends after its file")
         offsets = recording.seek_index.byte_offsets
         if recording.header_bytes > stored or offsets[0] < 0 or offsets[-1] >= stored:
@@ -649,9 +656,17 @@ class SourceIndex:
         plans = os.path.join(self.directory, _PLANS)
         recording_id = self._recording_ids[recording_index]
         path, offset, length = self._source_bytes(recording_index, key)
-        with tempfile.TemporaryDirectory(dir=plans) as workdir:
+        with (
+            tempfile.TemporaryDirectory(dir=plans) as workdir,
+            contextlib.closing(LocalStore(workdir)) as fetched,
+        ):
             try:
-                blob = self.store.read(path, offset, offset + length)
+                if is_remote(path):  # indexed from a copy, fetched once; read by ranges after
+                    self._check_room(length, recording_index)
+                    self.store.download(path, os.path.join(workdir, _FETCHED))
+                    blob = fetched.read(_FETCHED, 0, length)
+                else:
+                    blob = self.store.read(path, offset, offset + length)
             except CutfsError as exc:
                 raise SourceError(
                     f"cannot read the audio: {exc}", where=self._where(recording_index)
@@ -670,19 +685,16 @@ class SourceIndex:
         table = pa.Table.from_pylist([row], schema=_PLAN_SCHEMA)
         write_table(plan_path, table, 0o600)
         self._blobs[recording_index] = (path, offset, offset + length)
-        self._blob_stamps[recording_index] = file_stamp(path)
+        self._blob_stamps[recording_index] = self._stamp(path)
         return indexed.recording
 
     def _source_bytes(self, recording_index: int, key: str) -> tuple[str, int, int]:
-        """The file holding a recording's bytes and their range (a command runs once, an
-        object is fetched once)."""
+        """The file (or object) holding a recording's bytes and their range (a command runs
+        once)."""
         url = self._urls[recording_index]
         if url is not None:
-            path = os.path.join(self.directory, _PLANS, f"{key}.audio")
-            if not os.path.exists(path):
-                self.policy.check_object(url, self._where(recording_index))
-                self._fetch_object(url, path, recording_index)
-            return path, 0, os.path.getsize(path)
+            self.policy.check_object(url, self._where(recording_index))
+            return url, 0, self._source_size(url)
         command = self._commands[recording_index]
         if command is not None:
             path = os.path.join(self.directory, _PLANS, f"{key}.audio")
@@ -726,6 +738,36 @@ class SourceIndex:
                     used += entry.stat().st_size
         return self.policy.cache_quota_bytes - used
 
+    def _stamp(self, source: str) -> Any:
+        """What tells that a recording's audio changed: a file's stamp, or the version an
+        object's reads are pinned to (a changed object fails its reads by itself)."""
+        return self.store.version(source) if is_remote(source) else file_stamp(source)
+
+    def _source_size(self, source: str) -> int:
+        try:
+            return self.store.size(source) if is_remote(source) else os.stat(source).st_size
+        except CutfsError as exc:
+            raise SourceError(f"cannot reach the audio: {exc.message}", where=source) from exc
+
+    def _object_version(self, recording_index: int, url: str) -> str:
+        self.policy.check_object(url, self._where(recording_index))
+        try:
+            return self.store.version(url)
+        except CutfsError as exc:
+            raise SourceError(
+                f"cannot reach the audio: {exc.message}", where=self._where(recording_index)
+            ) from exc
+
+    def _check_room(self, length: int, recording_index: int) -> None:
+        """Refuse to fetch an object for indexing that the index cache quota has no room
+        for (its copy is removed once the recording is indexed)."""
+        if length > self._cache_room():
+            raise SourceError(
+                f"indexing fetches the object's {length} bytes, more than what the index "
+                "cache quota leaves (--index-cache-size)",
+                where=self._where(recording_index),
+            )
+
     def _source_path(self, recording_index: int) -> str:
         path = self._paths[recording_index]
         assert path is not None
@@ -739,32 +781,6 @@ class SourceIndex:
         )
         return f"{source} (recording {self._recording_ids[recording_index]!r})"
 
-    def _fetch_object(self, url: str, path: str, recording_index: int) -> None:
-        """Download a recording's object into the index cache (beside ``path``, renamed when
-        whole), within what the cache quota leaves."""
-        where = self._where(recording_index)
-        location, name = split_object_url(url)
-        store = ObjectStore(location)
-        try:
-            size = store.size(name)
-            if size > self._cache_room():
-                raise SourceError(
-                    f"the object's {size} bytes do not fit in what the index cache quota "
-                    "leaves (--index-cache-size)",
-                    where=where,
-                )
-            partial = f"{path}.{os.getpid()}.partial"
-            try:
-                store.download(name, partial)
-                os.replace(partial, path)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(partial)
-        except CutfsError as exc:
-            raise SourceError(f"cannot fetch the audio: {exc.message}", where=where) from exc
-        finally:
-            store.close()
-
     # -- frames -----------------------------------------------------------------------------
 
     def read_frames(
@@ -777,7 +793,7 @@ class SourceIndex:
         ahead_frames: int = 0,
     ) -> Int16Array:
         """Frames ``[first, end)`` of the recording as its manifest declares it
-        (``ahead_frames`` is ignored: sources served in place are local files).
+        (``ahead_frames`` is ignored here).
 
         Past the end of shorter audio, frames within the tolerance are the
         reflection of the last frames (Lhotse's padding); the result stops
@@ -807,13 +823,16 @@ class SourceIndex:
         self, recording_index: int, plan: Recording, first: int, end: int, trace: DecodeTrace | None
     ) -> Int16Array:
         path, start, stop = self._blobs[recording_index]
-        if file_stamp(path) != self._blob_stamps.get(recording_index):
+        if self._stamp(path) != self._blob_stamps.get(recording_index):
             raise SourceError(
                 "the audio file changed since its recording was indexed: remount (or wait "
                 "for the index to be rebuilt) to serve the new audio",
                 where=self._where(recording_index),
             )
-        return decode_frames(Blob(self.store, path, start, stop), plan, first, end, trace)
+        blob = Blob(self.store, path, start, stop)
+        # The bytes of the decode in one request (one GET for an object not in the cache).
+        at_hand = blob.prefetch(decode_spans(plan, len(blob), first, end))
+        return decode_frames(blob, plan, first, end, trace, arriving=not at_hand)
 
 
 def _stamp(source: str) -> str:

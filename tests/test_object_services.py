@@ -306,3 +306,22 @@ def test_recordings_in_object_storage_are_served_in_place_from_allowed_prefixes_
         assert served == [name for name in all_files(mount) if name.endswith(".wav")]
         for name in served:  # every cut and recording file, the samples of the files
             assert file_content(mnt, name) == file_content(mount, name), name
+        store = _stats(mnt)["store"]
+        assert store["gets"] > 0 and store["heads"] > 0
+    # Each object was fetched whole once, to index it, and then read by ranges through the
+    # piece cache: no copy of it is kept.
+    assert not list(Path(cache).rglob("*.audio"))
+    pieces = list(Path(cache).rglob("pieces"))
+    assert pieces and list(pieces[0].glob("*.data"))
+    for directory in pieces:  # the plans stay: the next mount indexes nothing
+        shutil.rmtree(directory)
+    touched: set[str] = set()
+    with mounted(str(source), str(tmp_path / "again"), *allowed, "--workers", "1") as mnt:
+        for name in (name for name in served if name.startswith("cuts/")):
+            before = _stats(mnt)["store"].get("gets", 0)
+            file_content(mnt, name)
+            gets = _stats(mnt)["store"].get("gets", 0) - before
+            recording = name.split("/")[1]
+            # A cold cut is one GET (the first of a recording may fetch its header too).
+            assert gets <= (1 if recording in touched else 2), (name, gets)
+            touched.add(recording)
