@@ -18,6 +18,12 @@ a changed object never meets its old pieces):
   process between the map read and the data read, is fetched again instead of
   served.
 
+Each process maps the map files of the objects it has open (shared, so every process
+sees every entry as soon as it is written).  Reading or writing an entry is then a
+memory access: with ``pread`` and ``pwrite`` a cold cut paid a disk read of the map's
+page before its request went out, and another before its first piece was handed on (a
+write of a few bytes into a page that is not in memory reads the page first).
+
 Processes of one mount (the decoder workers) share the directory: what one
 fetched, the others read.  The disk use is bounded: when a process has written
 enough to pass ``disk_bytes``, it sweeps (under a lock file) the least recently
@@ -33,6 +39,7 @@ import ctypes.util
 import errno
 import fcntl
 import hashlib
+import mmap
 import os
 import struct
 import threading
@@ -59,11 +66,12 @@ _ENTRY: Final = struct.Struct("<II")  # crc32, minute last used (0: absent)
 _TOUCH_MINUTES: Final = 10
 _MAX_OPEN_OBJECTS: Final = 256
 _SWEEP_TARGET: Final = 0.8
-#: Memory for each process's copies of the maps of the objects it reads (8 bytes per
-#: piece: 4 MiB holds the maps of 8 GiB of shards).
-_MAP_COPIES_BYTES: Final = 32 << 20
 #: How much of a streamed response is read from the network at a time.
 _STREAM_CHUNK_BYTES: Final = 64 << 10
+#: Fetched pieces are written to disk this much at a time (after they are handed on).
+_WRITE_BATCH_BYTES: Final = 1 << 20
+#: How long closing waits for the fetches under way to finish writing their pieces.
+_CLOSE_WAIT_SECONDS: Final = 2.0
 #: Runs of missing pieces closer than this are fetched by one request.
 _MERGE_GAP_BYTES: Final = 64 << 10
 #: The longest a read waits for a piece another request is fetching (the fetch itself
@@ -100,14 +108,11 @@ class CachingStore:
             maxsize=memory_bytes, getsizeof=len
         )
         self._lock = threading.Lock()
-        self._files: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._files: OrderedDict[str, _ObjectFiles] = OrderedDict()
         self._disk_estimate: int | None = None
         self._counts = {"memory_hits": 0, "disk_hits": 0, "misses": 0, "corrupt_pieces": 0}
         self._counts |= {"evicted_pieces": 0, "sweeps": 0}
         self._in_flight: dict[tuple[str, int], _Fetch] = {}
-        self._map_copies: LRUCache[str, bytearray] = LRUCache(
-            maxsize=_MAP_COPIES_BYTES, getsizeof=len
-        )
         self._fetchers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="cutfs-piece")
 
     # --- ByteStore ---
@@ -165,29 +170,31 @@ class CachingStore:
             return True
         with self._lock:
             arriving = any((key, number) in self._in_flight for number in absent)
-        missing = self._read_ahead_on_disk(key, absent)
+        missing = self._read_ahead_on_disk(name, key, absent)
         if missing:
             self._start_fetch(name, key, missing)
         return not missing and not arriving
 
-    def _read_ahead_on_disk(self, key: str, numbers: list[int]) -> list[int]:
+    def _read_ahead_on_disk(self, name: str, key: str, numbers: list[int]) -> list[int]:
         """Ask the kernel to read the pieces the map marks present (it does so while the
         caller goes on; they are checked when read); the numbers of the others."""
         with self._lock:
             numbers = [n for n in numbers if (key, n) not in self._in_flight]
         missing: list[int] = []
         try:
-            data, _ = self._files_of(key)
+            files = self._files_of(name, key)
             runs = _runs(numbers)
             # Before the map is read, not after it: the two reads then overlap on a cold
             # disk (holes, pieces never fetched, cost the kernel no I/O).
             for first, end in runs:
                 length = (end - first) * self._piece_bytes
-                os.posix_fadvise(data, first * self._piece_bytes, length, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(
+                    files.data, first * self._piece_bytes, length, os.POSIX_FADV_WILLNEED
+                )
             for first, end in runs:
-                marked = [minute != 0 for _, minute in self._entries(key, first, end)]
+                marked = [minute != 0 for _, minute in files.entries(first, end)]
                 missing += [first + i for i, present in enumerate(marked) if not present]
-        except OSError:
+        except (OSError, ValueError):  # ValueError: the files closed meanwhile
             return numbers
         return missing
 
@@ -197,11 +204,19 @@ class CachingStore:
         return self._inner.counters() | own
 
     def close(self) -> None:
+        """Close the store: fetches not started are dropped, those under way get up to
+        :data:`_CLOSE_WAIT_SECONDS` to put their pieces on disk (so that the next
+        mount finds them), and whoever still waits for a piece gets an error."""
         self._fetchers.shutdown(wait=False, cancel_futures=True)
         with self._lock:
-            for data, entries in self._files.values():
-                os.close(data)
-                os.close(entries)
+            fetches = list({id(fetch): fetch for fetch in self._in_flight.values()}.values())
+        deadline = time.monotonic() + _CLOSE_WAIT_SECONDS
+        for fetch in fetches:
+            if not fetch.started or not fetch.wait(deadline - time.monotonic()):
+                fetch.finish(ObjectStoreError("the piece cache was closed"))
+        with self._lock:
+            for files in self._files.values():
+                files.close()
             self._files.clear()
             self._memory.clear()
         self._inner.close()
@@ -215,11 +230,11 @@ class CachingStore:
         key = self._object_key(name)
         found: dict[int, bytes] = {}
         absent = self._from_memory(key, numbers, found)
-        absent = self._from_disk_into(key, absent, found)
+        absent = self._from_disk_into(name, key, absent, found)
         if absent:
             self._start_fetch(name, key, absent)
             for number in absent:
-                found[number] = self._await(key, number)
+                found[number] = self._await(name, key, number)
         return found
 
     def _from_memory(self, key: str, numbers: Iterable[int], found: dict[int, bytes]) -> list[int]:
@@ -235,14 +250,16 @@ class CachingStore:
                     self._counts["memory_hits"] += 1
         return absent
 
-    def _from_disk_into(self, key: str, numbers: list[int], found: dict[int, bytes]) -> list[int]:
+    def _from_disk_into(
+        self, name: str, key: str, numbers: list[int], found: dict[int, bytes]
+    ) -> list[int]:
         """Add the pieces intact on disk to ``found`` (and to memory); the numbers of the
         others.  Pieces being fetched are not looked for (they are among the others)."""
         with self._lock:
             settled = [n for n in numbers if (key, n) not in self._in_flight]
         from_disk: dict[int, bytes] = {}
         for first, end in _runs(settled):
-            from_disk |= self._from_disk(key, first, end)
+            from_disk |= self._from_disk(name, key, first, end)
         with self._lock:
             self._counts["disk_hits"] += len(from_disk)
             for number, piece in from_disk.items():
@@ -269,17 +286,25 @@ class CachingStore:
             self._fetchers.submit(self._stream_run, name, key, first, end, fetch)
 
     def _stream_run(self, name: str, key: str, first: int, end: int, fetch: _Fetch) -> None:
-        """Stream pieces ``[first, end)`` from the inner store into memory, disk and
-        ``fetch`` (whose waiters each take theirs as soon as it is there)."""
+        """Stream pieces ``[first, end)`` from the inner store into memory and ``fetch``
+        (whose waiters each take theirs as soon as it is there), and onto disk.
+
+        Pieces are handed on before they are written: the first write into a part of
+        the data file not in memory waits for the file system (0.6 ms measured, as long
+        as the rest of the cut's transfer), so they are written :data:`_WRITE_BATCH_BYTES`
+        at a time, and the fetch is finished only once all are on disk (a reader that
+        finds neither the fetch nor the piece in memory looks on disk)."""
         number = first
+        fetch.started = True
         try:
             size = self.size(name)
             stop = min(end * self._piece_bytes, size)
             # Network reads of 64 KiB (smaller ones cost more per byte than they save in
             # waiting), handed on piece by piece.
             chunk_bytes = self._piece_bytes * max(_STREAM_CHUNK_BYTES // self._piece_bytes, 1)
+            unwritten: list[memoryview] = []
+            unwritten_from = first
             for chunk in self._inner.stream(name, first * self._piece_bytes, stop, chunk_bytes):
-                self._to_disk(key, number, chunk)
                 for offset in range(0, len(chunk), self._piece_bytes):
                     piece = bytes(chunk[offset : offset + self._piece_bytes])
                     with self._lock:
@@ -287,6 +312,12 @@ class CachingStore:
                         self._remember(key, number, piece)
                     fetch.deliver(number, piece)
                     number += 1
+                unwritten.append(chunk)
+                if len(unwritten) * chunk_bytes >= _WRITE_BATCH_BYTES:
+                    self._to_disk(name, key, unwritten_from, b"".join(unwritten))
+                    unwritten, unwritten_from = [], number
+            if unwritten:
+                self._to_disk(name, key, unwritten_from, b"".join(unwritten))
             fetch.finish(None)
         except BaseException as exc:
             fetch.finish(exc)
@@ -296,7 +327,7 @@ class CachingStore:
                     if self._in_flight.get((key, done)) is fetch:
                         del self._in_flight[(key, done)]
 
-    def _await(self, key: str, number: int) -> bytes:
+    def _await(self, name: str, key: str, number: int) -> bytes:
         """A piece being fetched, once it is there; raises what the fetch failed with."""
         with self._lock:
             fetch = self._in_flight.get((key, number))
@@ -305,7 +336,7 @@ class CachingStore:
             return piece
         if fetch is None:  # finished between the checks: it left the piece behind
             found: dict[int, bytes] = {}
-            if not self._from_disk_into(key, [number], found):
+            if not self._from_disk_into(name, key, [number], found):
                 return found[number]
             raise ObjectStoreError("a fetched piece was not kept (cache too small?)", where=key)
         return fetch.piece(number, _AWAIT_SECONDS)
@@ -321,38 +352,34 @@ class CachingStore:
 
     # --- disk ---
 
-    def _files_of(self, key: str) -> tuple[int, int]:
-        """(data, map) descriptors of an object's cache files, opened (or made) once."""
+    def _files_of(self, name: str, key: str) -> _ObjectFiles:
+        """An object's cache files, opened (or made) once and kept open for the most
+        recently used :data:`_MAX_OPEN_OBJECTS` objects.  Raises ``OSError``."""
         with self._lock:
             files = self._files.get(key)
             if files is not None:
                 self._files.move_to_end(key)
                 return files
-            base = os.path.join(self._directory, key)
-            flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-            data = os.open(base + ".data", flags, 0o600)
-            try:
-                entries = os.open(base + ".map", flags, 0o600)
-            except OSError:
-                os.close(data)
-                raise
-            self._files[key] = (data, entries)
+            pieces = -(-self.size(name) // self._piece_bytes)
+            files = _ObjectFiles(os.path.join(self._directory, key), pieces)
+            self._files[key] = files
             while len(self._files) > _MAX_OPEN_OBJECTS:
-                _, (old_data, old_entries) = self._files.popitem(last=False)
-                os.close(old_data)
-                os.close(old_entries)
-            return data, entries
+                _, old = self._files.popitem(last=False)
+                old.close()
+            return files
 
-    def _from_disk(self, key: str, first: int, end: int) -> dict[int, bytes]:
-        """The pieces ``[first, end)`` found intact on disk (one read of their map entries,
-        one of their data); a piece whose CRC does not match is left out (fetched again)."""
+    def _from_disk(self, name: str, key: str, first: int, end: int) -> dict[int, bytes]:
+        """The pieces ``[first, end)`` found intact on disk (their map entries, then one
+        read of their data); a piece whose CRC does not match is left out (fetched again)."""
         found: dict[int, bytes] = {}
         try:
-            table = self._entries(key, first, end)
+            files = self._files_of(name, key)
+            table = files.entries(first, end)
             if not any(minute for _, minute in table):
                 return found
-            data, entries = self._files_of(key)
-            block = os.pread(data, (end - first) * self._piece_bytes, first * self._piece_bytes)
+            block = os.pread(
+                files.data, (end - first) * self._piece_bytes, first * self._piece_bytes
+            )
             now = _minute()
             for offset, (checksum, minute) in enumerate(table):
                 if minute == 0:
@@ -362,56 +389,18 @@ class CachingStore:
                 if zlib.crc32(piece) != checksum:
                     with self._lock:
                         self._counts["corrupt_pieces"] += 1
-                    self._note_entries(key, first + offset, _ENTRY.pack(0, 0))
+                    files.set_entries(first + offset, _ENTRY.pack(0, 0))
                     continue
                 found[first + offset] = piece
                 if now - minute > _TOUCH_MINUTES:
-                    entry = _ENTRY.pack(checksum, now)
-                    os.pwrite(entries, entry, (first + offset) * _ENTRY.size)
-                    self._note_entries(key, first + offset, entry)
-        except OSError:
+                    files.set_entries(first + offset, _ENTRY.pack(checksum, now))
+        except (OSError, ValueError):
             pass  # an unreadable cache is a cache miss, never a failed read
         return found
 
-    def _entries(self, key: str, first: int, end: int) -> list[tuple[int, int]]:
-        """(CRC-32, minute) of pieces ``[first, end)``: from this process's copy of the
-        object's map (read whole on first use: one read instead of one per cut), with the
-        entries the copy has as absent read again from the file (another process may have
-        fetched those pieces since).  Raises ``OSError``."""
-        with self._lock:
-            copy = self._map_copies.get(key)
-        _, entries = self._files_of(key)
-        if copy is None:
-            size = os.fstat(entries).st_size
-            copy = bytearray(os.pread(entries, size, 0))
-            with self._lock:
-                if len(copy) <= self._map_copies.maxsize:
-                    self._map_copies[key] = copy
-        low, high = first * _ENTRY.size, end * _ENTRY.size
-        if len(copy) < high:
-            copy.extend(bytes(high - len(copy)))
-        table = list(_ENTRY.iter_unpack(copy[low:high]))
-        if all(minute for _, minute in table):
-            return table
-        fresh = os.pread(entries, high - low, low)
-        fresh += bytes(high - low - len(fresh))
-        copy[low:high] = fresh
-        return list(_ENTRY.iter_unpack(fresh))
-
-    def _note_entries(self, key: str, first: int, table: bytes) -> None:
-        """Keep this process's copy of a map in step with what it wrote to the file."""
-        with self._lock:
-            copy = self._map_copies.get(key)
-            if copy is None:
-                return
-            low = first * _ENTRY.size
-            if len(copy) < low + len(table):
-                copy.extend(bytes(low + len(table) - len(copy)))
-            copy[low : low + len(table)] = table
-
-    def _to_disk(self, key: str, first: int, data: memoryview) -> None:
+    def _to_disk(self, name: str, key: str, first: int, data: bytes | memoryview) -> None:
         """Write the pieces from ``first`` on that ``data`` holds: the data in one write,
-        then their map entries in one more (a piece is never marked before it is there)."""
+        then their map entries (a piece is never marked before it is there)."""
         if self._disk_bytes == 0:
             return
         piece_bytes = self._piece_bytes
@@ -420,11 +409,10 @@ class CachingStore:
             for start in range(0, len(data), piece_bytes)
         )
         try:
-            data_file, entries = self._files_of(key)
-            os.pwrite(data_file, data, first * piece_bytes)
-            os.pwrite(entries, table, first * _ENTRY.size)
-            self._note_entries(key, first, table)
-        except OSError:
+            files = self._files_of(name, key)
+            os.pwrite(files.data, data, first * piece_bytes)
+            files.set_entries(first, table)
+        except (OSError, ValueError):
             return  # a full or failing cache disk costs fetches, not reads
         with self._lock:
             if self._disk_estimate is None:
@@ -493,6 +481,49 @@ class CachingStore:
                 os.close(entries)
 
 
+class _ObjectFiles:
+    """An object's data file and its map, the map mapped into memory (shared).
+
+    The map is made as long as the object's pieces need (a sparse file: entries never
+    written cost no disk) and never shortened, so the mapping stays within the file.
+    """
+
+    def __init__(self, base: str, pieces: int) -> None:
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        self.data = os.open(base + ".data", flags, 0o600)
+        try:
+            entries = os.open(base + ".map", flags, 0o600)
+            try:
+                length = max(pieces, 1) * _ENTRY.size
+                if os.fstat(entries).st_size < length:
+                    os.ftruncate(entries, length)
+                self._map = mmap.mmap(entries, length, mmap.MAP_SHARED)
+            finally:
+                os.close(entries)  # the mapping keeps the file
+        except BaseException:
+            os.close(self.data)
+            raise
+        self._pieces = pieces
+
+    def entries(self, first: int, end: int) -> list[tuple[int, int]]:
+        """(CRC-32, minute last used) of pieces ``[first, end)`` as every process sees them
+        now.  Raises ``ValueError`` for pieces past the object's end."""
+        if not 0 <= first <= end <= self._pieces:
+            raise ValueError(f"pieces [{first}, {end}) of {self._pieces}")
+        return list(_ENTRY.iter_unpack(self._map[first * _ENTRY.size : end * _ENTRY.size]))
+
+    def set_entries(self, first: int, table: bytes) -> None:
+        """Write map entries from piece ``first`` on (``table``: packed entries)."""
+        low = first * _ENTRY.size
+        if low < 0 or low + len(table) > self._pieces * _ENTRY.size:
+            raise ValueError(f"map entries past the object's {self._pieces} pieces")
+        self._map[low : low + len(table)] = table
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self.data)
+
+
 class _Fetch:
     """Pieces of one request as they arrive, for the readers waiting on them."""
 
@@ -501,6 +532,8 @@ class _Fetch:
         self._pieces: dict[int, bytes] = {}
         self._done = False
         self._error: BaseException | None = None
+        #: Set by the thread that runs the fetch, when it begins.
+        self.started = False
 
     def deliver(self, number: int, piece: bytes) -> None:
         with self._arrived:
@@ -509,8 +542,14 @@ class _Fetch:
 
     def finish(self, error: BaseException | None) -> None:
         with self._arrived:
-            self._done, self._error = True, error
+            if not self._done:
+                self._done, self._error = True, error
             self._arrived.notify_all()
+
+    def wait(self, timeout_seconds: float) -> bool:
+        """Wait until the fetch has finished; whether it has."""
+        with self._arrived:
+            return self._arrived.wait_for(lambda: self._done, max(timeout_seconds, 0.0))
 
     def piece(self, number: int, timeout_seconds: float) -> bytes:
         with self._arrived:
