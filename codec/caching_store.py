@@ -78,6 +78,7 @@ _MERGE_GAP_BYTES: Final = 64 << 10
 #: gives up at the store's deadline, sooner).
 _AWAIT_SECONDS: Final = 300.0
 _FALLOC_PUNCH_HOLE: Final = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+_MADV_POPULATE_READ: Final = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
 class CachingStore:
@@ -113,6 +114,7 @@ class CachingStore:
         self._counts = {"memory_hits": 0, "disk_hits": 0, "misses": 0, "corrupt_pieces": 0}
         self._counts |= {"evicted_pieces": 0, "sweeps": 0}
         self._in_flight: dict[tuple[str, int], _Fetch] = {}
+        self._keys: LRUCache[tuple[str, str], str] = LRUCache(maxsize=_MAX_OPEN_OBJECTS * 4)
         self._fetchers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="cutfs-piece")
 
     # --- ByteStore ---
@@ -230,6 +232,8 @@ class CachingStore:
         key = self._object_key(name)
         found: dict[int, bytes] = {}
         absent = self._from_memory(key, numbers, found)
+        if not absent:  # the common case of a decoder's small reads: return at once
+            return found
         absent = self._from_disk_into(name, key, absent, found)
         if absent:
             self._start_fetch(name, key, absent)
@@ -347,8 +351,16 @@ class CachingStore:
             self._memory[(key, number)] = piece
 
     def _object_key(self, name: str) -> str:
-        identity = f"{self._namespace}\0{name}\0{self.version(name)}"
-        return hashlib.sha256(identity.encode()).hexdigest()[:40]
+        """The name of an object version's cache files (and of its pieces in memory)."""
+        version = self.version(name)
+        with self._lock:
+            key = self._keys.get((name, version))
+        if key is None:
+            identity = f"{self._namespace}\0{name}\0{version}"
+            key = hashlib.sha256(identity.encode()).hexdigest()[:40]
+            with self._lock:
+                self._keys[(name, version)] = key
+        return key
 
     # --- disk ---
 
@@ -498,6 +510,7 @@ class _ObjectFiles:
                 if os.fstat(entries).st_size < length:
                     os.ftruncate(entries, length)
                 self._map = mmap.mmap(entries, length, mmap.MAP_SHARED)
+                _populate(self._map, entries, length)
             finally:
                 os.close(entries)  # the mapping keeps the file
         except BaseException:
@@ -522,6 +535,18 @@ class _ObjectFiles:
     def close(self) -> None:
         self._map.close()
         os.close(self.data)
+
+
+def _populate(mapping: mmap.mmap, descriptor: int, length: int) -> None:
+    """Bring a map into memory at once, one read of the whole file, as a map read whole
+    on first use was before it was mapped: each cut would otherwise fault in its own page
+    of it from disk (entries never written are holes and cost no I/O)."""
+    try:
+        mapping.madvise(_MADV_POPULATE_READ)
+    except OSError:  # before Linux 5.14: read it, then touch every page of the mapping
+        os.pread(descriptor, length, 0)
+        for offset in range(0, length, mmap.PAGESIZE):
+            mapping[offset]
 
 
 class _Fetch:
