@@ -17,7 +17,9 @@ latency and requests.  Three mounts of the same shards are read cut by cut, inte
 Before every read the kernel page cache is dropped, so "cold" means no byte of the cut is
 in memory anywhere.  Every cut is read whole (open, read, close).  Per cut, the store's
 counters in ``.cutfs/stats`` give the GETs and bytes fetched; the compressed span of a
-cut is the byte range between the seek points around it.  Results go to
+cut is the byte range between the seek points around it.  After each cut, the span alone
+is fetched straight from s3rver and read from the local shard (both cold), so that what
+the test server itself costs is told apart from what cutfs adds.  Results go to
 docs/bench/object-storage.{md,json}; the machine is shared and noisy: compare medians and
 ratios within one run.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import shutil
@@ -58,6 +61,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPOSITORY / "docs" / "bench")
     parser.add_argument("--samples", type=int, default=16, help="cold cuts per recording")
     parser.add_argument("--s3rver", help="the s3rver command (default: bench/out's npm install)")
+    parser.add_argument(
+        "--s3rver-data",
+        type=Path,
+        help="where s3rver keeps its objects (default: WORK/s3rver-data, on disk; a tmpfs "
+        "directory such as /dev/shm/cutfs-s3rver keeps them in memory: the server's own "
+        "disk reads then leave the cold figures)",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("run as root: cold reads drop the kernel page cache")
@@ -68,10 +78,14 @@ def main() -> int:
         AWS_ACCESS_KEY_ID="S3RVER", AWS_SECRET_ACCESS_KEY="S3RVER", AWS_DEFAULT_REGION="us-east-1"
     )
     setup = _prepare(args.work, {"2h": 7200.0}, args.samples)
-    with _s3rver(s3rver, args.work) as endpoint:
+    server_data = args.s3rver_data or args.work / "s3rver-data"
+    with _s3rver(s3rver, server_data) as endpoint:
         uri = _uploaded(setup, endpoint)
         results: dict[str, Any] = {"machine": _machine(), "uri": uri.split("?")[0]}
-        results["cuts"] = _cold_cuts(setup, uri)
+        results["server_data"] = (
+            "on disk" if args.s3rver_data is None else f"in {args.s3rver_data} (given)"
+        )
+        results["cuts"] = _cold_cuts(setup, uri, endpoint)
         results["throughput"] = _throughput(setup, uri)
         with _delayed(uri, endpoint, REQUEST_DELAY_MS) as delayed_uri:
             results["sequential"] = _sequential(setup, uri, delayed_uri)
@@ -84,9 +98,8 @@ def main() -> int:
 
 
 @contextmanager
-def _s3rver(command: str, work: Path) -> Iterator[str]:
+def _s3rver(command: str, data: Path) -> Iterator[str]:
     port = _free_port()
-    data = work / "s3rver-data"
     data.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
         [command, "-d", str(data), "-a", "127.0.0.1", "-p", str(port), "-s"],
@@ -179,6 +192,12 @@ def _timed_read(path: Path) -> float:
 
 def _span_bytes(shards: ShardSet, cut: Cut) -> int:
     """The compressed bytes between the seek points around a cut (what decoding it needs)."""
+    start, stop = _span(shards, cut)[1:]
+    return stop - start
+
+
+def _span(shards: ShardSet, cut: Cut) -> tuple[str, int, int]:
+    """The shard holding a cut's compressed span, and the span's byte range in it."""
     index = list(shards.recording_ids).index(cut.recording)
     recording = shards.recording(index)
     first = round(cut.start_seconds * RATE)
@@ -186,10 +205,41 @@ def _span_bytes(shards: ShardSet, cut: Cut) -> int:
     seek = recording.seek_index
     start = seek.point_at_or_before(first - recording.preroll_frames).byte_offset
     after = seek.first_point_after(end)
-    return (after.byte_offset if after is not None else len(shards.blob(index))) - start
+    stop = after.byte_offset if after is not None else len(shards.blob(index))
+    shard, blob_start, _ = shards.blob_location(index)
+    return shard, blob_start + start, blob_start + stop
 
 
-def _cold_cuts(setup: Setup, uri: str) -> list[dict[str, Any]]:
+def _server_alone(setup: Setup, endpoint: str, span: tuple[str, int, int]) -> tuple[float, float]:
+    """What the storage alone costs for a cut's span, cold (ms): a ranged GET of it
+    straight from s3rver (unsigned, on a new connection: the server's own latency), and a
+    ``pread`` of it from the local shard."""
+    shard, start, stop = span
+    host, port = endpoint.rsplit(":", 1)
+    _drop_caches()
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    started = time.perf_counter()
+    try:
+        path = f"/{BUCKET}/{setup.shards.name}/{shard}"
+        connection.request("GET", path, headers={"Range": f"bytes={start}-{stop - 1}"})
+        reply = connection.getresponse()
+        body = reply.read()
+    finally:
+        connection.close()
+    get_ms = (time.perf_counter() - started) * 1000
+    if reply.status != 206 or len(body) != stop - start:
+        raise RuntimeError(f"s3rver answered {reply.status} with {len(body)} bytes")
+    _drop_caches()
+    descriptor = os.open(setup.shards / shard, os.O_RDONLY)
+    started = time.perf_counter()
+    try:
+        os.pread(descriptor, stop - start, start)
+    finally:
+        os.close(descriptor)
+    return get_ms, (time.perf_counter() - started) * 1000
+
+
+def _cold_cuts(setup: Setup, uri: str, endpoint: str) -> list[dict[str, Any]]:
     root = setup.work / "mnt-s3"
     local = Mount(str(setup.shards), root / "local")
     cold = Mount(uri, root / "s3-cold", setup.work / "s3-cache-cold")
@@ -207,6 +257,10 @@ def _cold_cuts(setup: Setup, uri: str) -> list[dict[str, Any]]:
                 cold.restart(empty_cache=True)
                 for cut in batch:
                     row: dict[str, Any] = {"recording": rid, "cut": cut.cut_id}
+                    # First: once the local mount has read the cut, its mapped pages of the
+                    # shard stay in memory (a dropped page cache keeps mapped pages).
+                    span = _span(shards, cut)
+                    row["server_get_ms"], row["pread_ms"] = _server_alone(setup, endpoint, span)
                     row["span_bytes"] = _span_bytes(shards, cut)
                     row["local_ms"] = _timed_read(local.cut(cut))
                     before = cold.store()
@@ -355,12 +409,18 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         local = statistics.median(row["local_ms"] for row in mine)
         cold = statistics.median(row["s3_cold_ms"] for row in mine)
         disk = statistics.median(row["s3_disk_cache_ms"] for row in mine)
+        server = statistics.median(row["server_get_ms"] for row in mine)
+        pread = statistics.median(row["pread_ms"] for row in mine)
         ratios = [row["s3_bytes_fetched"] / row["span_bytes"] for row in mine]
         by_recording[rid] = {
             "cuts": len(mine),
             "local_p50_ms": round(local, 2),
             "s3_cold_p50_ms": round(cold, 2),
             "s3_cold_minus_local_ms": round(cold - local, 2),
+            "server_get_p50_ms": round(server, 2),
+            "pread_p50_ms": round(pread, 2),
+            # What cutfs adds over local beyond what the server itself adds over a pread.
+            "s3_cold_minus_local_beyond_server_ms": round(cold - local - (server - pread), 2),
             "s3_disk_cache_p50_ms": round(disk, 2),
             "s3_disk_cache_over_local": round(disk / local, 3),
             "gets_per_cut_max": max(row["s3_gets"] for row in mine),
@@ -410,6 +470,23 @@ def _markdown(results: dict[str, Any]) -> str:
             f"({row['gets_per_cut_after_first_max']}) | {row['fetched_over_span_p50']} "
             f"({row['fetched_over_span_max']}) | {row['fetched_minus_span_max_kib']} | "
             f"{row['span_kib_p50']} | {row['cuts_over_byte_target']} | {row['disk_cache_gets']} |"
+        )
+    lines += [
+        "",
+        "The storage alone, in the same run: each cut's span fetched straight from s3rver by "
+        "a ranged GET (cold, unsigned, on a new connection) against a cold `pread` of it from "
+        f"the local shard. s3rver's data: {results.get('server_data', 'on disk')}.",
+        "",
+        "| recording | s3rver GET p50 ms | pread p50 ms | GET - pread ms | s3 cold - local ms "
+        "| s3 cold - local beyond the server's own ms |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for rid, row in summary["recordings"].items():
+        gap = row["server_get_p50_ms"] - row["pread_p50_ms"]
+        lines.append(
+            f"| {rid} | {row['server_get_p50_ms']} | {row['pread_p50_ms']} | {gap:+.2f} | "
+            f"{row['s3_cold_minus_local_ms']:+} | "
+            f"{row['s3_cold_minus_local_beyond_server_ms']:+} |"
         )
     lines += [
         "",
