@@ -497,7 +497,9 @@ class _ObjectFiles:
     """An object's data file and its map, the map mapped into memory (shared).
 
     The map is made as long as the object's pieces need (a sparse file: entries never
-    written cost no disk) and never shortened, so the mapping stays within the file.
+    written cost no disk) and never shortened, so the mapping stays within the file (a map
+    shortened behind cutfs's back would fault the process that touches it: a decoder
+    worker, whose request fails and which the pool replaces).
     """
 
     def __init__(self, base: str, pieces: int) -> None:
