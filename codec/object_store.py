@@ -47,6 +47,8 @@ MAX_GET_BYTES: Final = 8 << 20
 MERGE_GAP_BYTES: Final = 64 << 10
 #: The URI schemes of the services this module speaks.
 SCHEMES: Final = ("s3", "gs", "az")
+#: How long a request may take, retries included, unless the caller says otherwise.
+DEFAULT_STORE_DEADLINE_SECONDS: Final = 60.0
 _T = TypeVar("_T")
 _GET_SIZE_EDGES: Final = (64 << 10, 256 << 10, 1 << 20, 8 << 20)
 _QUERY_NAMES: Final = {
@@ -317,7 +319,7 @@ class ObjectStore:
         self,
         location: ObjectLocation,
         *,
-        deadline_seconds: float = 60.0,
+        deadline_seconds: float = DEFAULT_STORE_DEADLINE_SECONDS,
         max_get_bytes: int = MAX_GET_BYTES,
         merge_gap_bytes: int = MERGE_GAP_BYTES,
         parallel_gets: int = 8,

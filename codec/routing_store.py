@@ -16,16 +16,33 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from cutfs.codec.byte_store import ByteStore
-from cutfs.codec.caching_store import CachingStore
-from cutfs.codec.object_store import ObjectLocation, ObjectStore, is_remote, split_object_url
+from cutfs.codec.caching_store import DEFAULT_DISK_BYTES, CachingStore
+from cutfs.codec.object_store import (
+    DEFAULT_STORE_DEADLINE_SECONDS,
+    ObjectLocation,
+    ObjectStore,
+    is_remote,
+    split_object_url,
+)
 
 
 class RoutingStore:
     """Local files through ``local``, objects through piece caches in ``pieces``."""
 
-    def __init__(self, local: ByteStore, pieces: str) -> None:
+    def __init__(
+        self,
+        local: ByteStore,
+        pieces: str,
+        *,
+        disk_cache_bytes: int = DEFAULT_DISK_BYTES,
+        deadline_seconds: float = DEFAULT_STORE_DEADLINE_SECONDS,
+    ) -> None:
+        """``disk_cache_bytes`` bounds the pieces kept in ``pieces`` (all buckets'
+        together); ``deadline_seconds`` is how long a request to a store may take."""
         self._local = local
         self._pieces = pieces
+        self._disk_cache_bytes = disk_cache_bytes
+        self._deadline_seconds = deadline_seconds
         #: Per bucket: its store, and the piece cache in front of it (which pins through it).
         self._remote: dict[ObjectLocation, tuple[ObjectStore, CachingStore]] = {}
         self._lock = threading.Lock()
@@ -42,8 +59,11 @@ class RoutingStore:
             stores = self._remote.get(location)
             if stores is None:
                 os.makedirs(self._pieces, mode=0o700, exist_ok=True)
-                remote = ObjectStore(location)
-                stores = (remote, CachingStore(remote, self._pieces, location.uri()))
+                remote = ObjectStore(location, deadline_seconds=self._deadline_seconds)
+                cached = CachingStore(
+                    remote, self._pieces, location.uri(), disk_bytes=self._disk_cache_bytes
+                )
+                stores = (remote, cached)
                 self._remote[location] = stores
         return stores[0], stores[1], key
 

@@ -38,7 +38,7 @@ import math
 import os
 import tempfile
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import numpy as np
@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 from cachetools import LRUCache
 
 from cutfs.codec.blob import Blob
+from cutfs.codec.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.command_runner import run_command
 from cutfs.codec.cut import Cut, seconds_to_frames
 from cutfs.codec.cut_table import CutTable, mentions_of
@@ -54,7 +55,7 @@ from cutfs.codec.decoder import DecodeTrace, decode_frames, decode_spans
 from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
 from cutfs.codec.file_tree import FileTree, served_paths, write_file_tree
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
-from cutfs.codec.library import AudioShape, LibrarySpec, LocalLibrary
+from cutfs.codec.library import AudioShape, LibrarySpec
 from cutfs.codec.limits import (
     MAX_CHANNELS,
     MAX_FRAMES,
@@ -63,7 +64,7 @@ from cutfs.codec.limits import (
 )
 from cutfs.codec.local_store import LocalStore, file_stamp
 from cutfs.codec.mapped_table import float_view, read_mapped
-from cutfs.codec.object_store import is_remote
+from cutfs.codec.object_store import DEFAULT_STORE_DEADLINE_SECONDS, is_remote
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.private_directory import private_directory
 from cutfs.codec.recording import Recording
@@ -292,6 +293,29 @@ def _defining_file(described_in: str) -> str:
     return path if path and line.isdigit() else described_in
 
 
+@dataclass(frozen=True, slots=True)
+class IndexedSource:
+    """How a decoder worker opens a source index directory, with the daemon's limits for
+    the objects its url sources name (picklable)."""
+
+    directory: str
+    disk_cache_bytes: int = DEFAULT_DISK_BYTES
+    deadline_seconds: float = DEFAULT_STORE_DEADLINE_SECONDS
+
+    @property
+    def where(self) -> str:
+        return self.directory
+
+    def open(self, policy: SourcePolicy | None) -> SourceIndex:
+        return SourceIndex(
+            self.directory,
+            load_cuts=False,
+            policy=policy,
+            disk_cache_bytes=self.disk_cache_bytes,
+            deadline_seconds=self.deadline_seconds,
+        )
+
+
 class SourceIndex:
     """An index directory opened for serving (see the module docstring)."""
 
@@ -302,14 +326,18 @@ class SourceIndex:
         *,
         load_cuts: bool = True,
         policy: SourcePolicy | None = None,
+        disk_cache_bytes: int = DEFAULT_DISK_BYTES,
+        deadline_seconds: float = DEFAULT_STORE_DEADLINE_SECONDS,
     ) -> None:
         """Open an index directory that :func:`prepare_index` wrote.
 
         ``policy`` must be the one the index was prepared with (default: the
-        source's own location, no commands); files are opened through it.
+        source's own location, no commands); files are opened through it.  Objects
+        that url sources name are read through a piece cache of at most
+        ``disk_cache_bytes``, each request within ``deadline_seconds``.
         """
         self.directory = directory
-        self.spec: LibrarySpec = LocalLibrary(directory)
+        self.spec: LibrarySpec = IndexedSource(directory, disk_cache_bytes, deadline_seconds)
         info = _read_index_file(directory)
         if info is None or info.get("version") != INDEX_VERSION:
             raise ShardFormatError("not a current cutfs source index", where=directory)
@@ -319,7 +347,12 @@ class SourceIndex:
         self._tolerance_seconds = duration_tolerance_seconds()
         local = store or LocalStore("/", opener=self.policy.open_file)
         #: Files by path, and the objects of url sources by URL (through a piece cache).
-        self.store = RoutingStore(local, os.path.join(directory, _PIECES))
+        self.store = RoutingStore(
+            local,
+            os.path.join(directory, _PIECES),
+            disk_cache_bytes=disk_cache_bytes,
+            deadline_seconds=deadline_seconds,
+        )
         recordings = read_table(os.path.join(directory, _RECORDINGS))
         self._recording_ids: list[str] = recordings.column("recording_id").to_pylist()
         self._paths: list[str | None] = recordings.column("path").to_pylist()

@@ -186,8 +186,9 @@ def _parser() -> argparse.ArgumentParser:
         type=_size,
         default=DEFAULT_DISK_BYTES,
         metavar="BYTES",
-        help="for shards in object storage: the most fetched pieces kept on disk below "
-        "--cache-dir, shared by the mount's workers and later mounts (default 20G)",
+        help="for shards in object storage, and objects that a source's recordings name: "
+        "the most fetched pieces kept on disk below --cache-dir, shared by the mount's "
+        "workers and later mounts (default 20G)",
     )
     mount_parser.add_argument(
         "--sample-rate",

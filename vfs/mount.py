@@ -145,7 +145,9 @@ def open_source(
     deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
 ) -> Library:
     """A shard directory (local, or in ``s3://``, ``gs://`` or ``az://`` object storage), or
-    any other source prepared for serving in place.
+    any other source prepared for serving in place.  ``disk_cache_bytes`` bounds the piece
+    cache of shards in object storage, or of the objects a source's recordings name;
+    ``deadline_seconds`` is how long one request to object storage may take.
 
     ``policy`` confines a source served in place (default: its own location,
     no commands).  Raises :class:`MountError` with :attr:`ExitCode.BAD_SHARDS`
@@ -168,7 +170,12 @@ def open_source(
         refuse_uncommitted(source)
         policy = policy or SourcePolicy.for_source(source)
         directory = prepare_index(source, cache_dir or default_cache_root(), policy)
-        index = SourceIndex(directory, policy=policy)
+        index = SourceIndex(
+            directory,
+            policy=policy,
+            disk_cache_bytes=disk_cache_bytes,
+            deadline_seconds=deadline_seconds,
+        )
         _log_refusals(index)
         return index
     except (ShardFormatError, SourceError) as exc:
