@@ -496,10 +496,13 @@ class CachingStore:
 class _ObjectFiles:
     """An object's data file and its map, the map mapped into memory (shared).
 
-    The map is made as long as the object's pieces need (a sparse file: entries never
-    written cost no disk) and never shortened, so the mapping stays within the file (a map
-    shortened behind cutfs's back would fault the process that touches it: a decoder
-    worker, whose request fails and which the pool replaces).
+    The map is made as long as the object's pieces need, its blocks allocated before it
+    is mapped: a write into a mapped hole on a full disk would fault the process (SIGBUS)
+    where ``pwrite`` returns ENOSPC, and a full cache disk must cost fetches, not reads
+    (without room for the map, the object is not cached on disk at all).  It is never
+    shortened, so the mapping stays within the file (a map shortened behind cutfs's back
+    would fault the process that touches it: a decoder worker, whose request fails and
+    which the pool replaces).
     """
 
     def __init__(self, base: str, pieces: int) -> None:
@@ -509,8 +512,7 @@ class _ObjectFiles:
             entries = os.open(base + ".map", flags, 0o600)
             try:
                 length = max(pieces, 1) * _ENTRY.size
-                if os.fstat(entries).st_size < length:
-                    os.ftruncate(entries, length)
+                os.posix_fallocate(entries, 0, length)  # OSError (ENOSPC): not cached
                 self._map = mmap.mmap(entries, length, mmap.MAP_SHARED)
                 _populate(self._map, entries, length)
             finally:

@@ -4,8 +4,11 @@ were damaged or torn on disk fetched again rather than served."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -172,3 +175,49 @@ def test_frames_asked_ahead_are_fetched_in_the_background(shard_dir: str, tmp_pa
             ahead_bytes -= seek.first_point_after(3 * rate).byte_offset  # type: ignore[union-attr]
     assert fetched[0] > 0
     assert fetched[10] >= fetched[0] + 0.9 * ahead_bytes // PIECE
+
+
+_READ_EVERYTHING = """
+import sys
+from cutfs.codec.caching_store import CachingStore
+from cutfs.codec.local_store import LocalStore
+
+directory, cache, piece = sys.argv[1], sys.argv[2], int(sys.argv[3])
+store = CachingStore(LocalStore(directory), cache, "test://objects", piece_bytes=piece)
+for name in ("a.arrow", "b.arrow"):
+    with open(f"{directory}/{name}", "rb") as file:
+        expected = file.read()
+    for start in range(0, len(expected), 3 * piece):
+        stop = min(start + 5 * piece + 7, len(expected))
+        assert bytes(store.read(name, start, stop)) == expected[start:stop], (name, start)
+print(store.counters()["requests"])
+store.close()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+def test_a_full_cache_disk_costs_fetches_not_reads(
+    objects: tuple[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """On a full disk, writing a piece fails with ENOSPC and so would a write into a mapped
+    hole of a map, as a fault that kills the process: each read is served, from the store."""
+    directory, _ = objects
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
+    try:
+        os.chmod(full, 0o700)
+        with open(full / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+            while True:
+                filler.write(bytes(4096))
+        reader = subprocess.run(
+            [sys.executable, "-c", _READ_EVERYTHING, directory, str(full / "cache"), str(PIECE)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert reader.returncode == 0, reader.stderr
+        assert int(reader.stdout) > 0  # fetched, since nothing could be kept
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
