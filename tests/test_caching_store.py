@@ -204,7 +204,9 @@ def test_a_full_cache_disk_costs_fetches_not_reads(
     directory, _ = objects
     full = tmp_path / "full"
     full.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
+    mounting = ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)]
+    if subprocess.run(mounting, capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
     try:
         os.chmod(full, 0o700)
         with open(full / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
