@@ -110,6 +110,7 @@ class CachingStore:
         )
         self._lock = threading.Lock()
         self._files: OrderedDict[str, _ObjectFiles] = OrderedDict()
+        self._closed = False
         self._disk_estimate: int | None = None
         self._counts = {"memory_hits": 0, "disk_hits": 0, "misses": 0, "corrupt_pieces": 0}
         self._counts |= {"evicted_pieces": 0, "sweeps": 0}
@@ -217,6 +218,7 @@ class CachingStore:
             if not fetch.started or not fetch.wait(deadline - time.monotonic()):
                 fetch.finish(ObjectStoreError("the piece cache was closed"))
         with self._lock:
+            self._closed = True  # a fetch still under way keeps no file open
             for files in self._files.values():
                 files.close()
             self._files.clear()
@@ -372,6 +374,8 @@ class CachingStore:
             if files is not None:
                 self._files.move_to_end(key)
                 return files
+            if self._closed:
+                raise OSError(errno.EBADF, "the piece cache is closed")
             pieces = -(-self.size(name) // self._piece_bytes)
             files = _ObjectFiles(os.path.join(self._directory, key), pieces)
             self._files[key] = files
