@@ -28,7 +28,8 @@ Processes of one mount (the decoder workers) share the directory: what one
 fetched, the others read.  The disk use is bounded: when a process has written
 enough to pass ``disk_bytes``, it sweeps (under a lock file) the least recently
 used pieces of every object until 80% of the bound, punching holes in the data
-files.  Memory is bounded by ``memory_bytes`` (an LRU of pieces per process).
+files.  Memory is bounded by ``memory_bytes`` (an LRU of pieces per process), and the
+maps of the objects a process has open by :data:`_MAPPED_MAPS_BYTES`.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ _ENTRY: Final = struct.Struct("<II")  # crc32, minute last used (0: absent)
 #: A hit rewrites a piece's minute only when it is older than this (a coarse LRU).
 _TOUCH_MINUTES: Final = 10
 _MAX_OPEN_OBJECTS: Final = 256
+#: The most memory the maps of a process's open objects take (8 bytes per piece: 64 MiB
+#: maps 128 GiB of objects); past it the least recently used objects are closed (one
+#: object's map, however large, always fits).
+_MAPPED_MAPS_BYTES: Final = 64 << 20
 _SWEEP_TARGET: Final = 0.8
 #: How much of a streamed response is read from the network at a time.
 _STREAM_CHUNK_BYTES: Final = 64 << 10
@@ -111,6 +116,7 @@ class CachingStore:
         self._lock = threading.Lock()
         self._files: OrderedDict[str, _ObjectFiles] = OrderedDict()
         self._closed = False
+        self._mapped_bytes = 0
         self._disk_estimate: int | None = None
         self._counts = {"memory_hits": 0, "disk_hits": 0, "misses": 0, "corrupt_pieces": 0}
         self._counts |= {"evicted_pieces": 0, "sweeps": 0}
@@ -222,6 +228,7 @@ class CachingStore:
             for files in self._files.values():
                 files.close()
             self._files.clear()
+            self._mapped_bytes = 0
             self._memory.clear()
         self._inner.close()
 
@@ -368,7 +375,8 @@ class CachingStore:
 
     def _files_of(self, name: str, key: str) -> _ObjectFiles:
         """An object's cache files, opened (or made) once and kept open for the most
-        recently used :data:`_MAX_OPEN_OBJECTS` objects.  Raises ``OSError``."""
+        recently used objects (at most :data:`_MAX_OPEN_OBJECTS`, their maps within
+        :data:`_MAPPED_MAPS_BYTES`).  Raises ``OSError``."""
         with self._lock:
             files = self._files.get(key)
             if files is not None:
@@ -379,8 +387,12 @@ class CachingStore:
             pieces = -(-self.size(name) // self._piece_bytes)
             files = _ObjectFiles(os.path.join(self._directory, key), pieces)
             self._files[key] = files
-            while len(self._files) > _MAX_OPEN_OBJECTS:
+            self._mapped_bytes += files.map_bytes
+            while len(self._files) > _MAX_OPEN_OBJECTS or (
+                self._mapped_bytes > _MAPPED_MAPS_BYTES and len(self._files) > 1
+            ):
                 _, old = self._files.popitem(last=False)
+                self._mapped_bytes -= old.map_bytes
                 old.close()
             return files
 
@@ -518,6 +530,7 @@ class _ObjectFiles:
                 length = max(pieces, 1) * _ENTRY.size
                 os.posix_fallocate(entries, 0, length)  # OSError (ENOSPC): not cached
                 self._map = mmap.mmap(entries, length, mmap.MAP_SHARED)
+                self.map_bytes = length
                 _populate(self._map, entries, length)
             finally:
                 os.close(entries)  # the mapping keeps the file

@@ -223,3 +223,24 @@ def test_a_full_cache_disk_costs_fetches_not_reads(
         assert int(reader.stdout) > 0  # fetched, since nothing could be kept
     finally:
         subprocess.run(["umount", str(full)], check=True)
+
+
+def test_the_maps_kept_mapped_stay_within_their_bound(tmp_path: Path) -> None:
+    """Three 16 GiB objects (sparse files) in 4 KiB pieces have maps of 32 MiB each: after
+    a read of each, the process keeps the two most recent mapped (64 MiB), not all three."""
+    directory = tmp_path / "objects"
+    directory.mkdir()
+    names = [f"big-{number}.arrow" for number in range(3)]
+    for name in names:
+        with open(directory / name, "wb") as sparse:
+            sparse.truncate(16 << 30)
+    cache = tmp_path / "cache"
+    with _cache(str(directory), cache) as store:
+        for name in names:
+            assert bytes(store.read(name, (8 << 30) + 5, (8 << 30) + 9)) == bytes(4)
+        mapped = {
+            line.split()[-1]
+            for line in Path("/proc/self/maps").read_text().splitlines()
+            if line.endswith(".map") and str(cache) in line
+        }
+        assert len(mapped) == 2, mapped
