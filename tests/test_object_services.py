@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -333,3 +334,47 @@ def test_recordings_in_object_storage_are_served_in_place_from_allowed_prefixes_
     (directory,) = list(Path(cache).rglob("pieces"))
     kept = sum(path.stat().st_blocks * 512 for path in directory.glob("*.data"))
     assert 0 < kept <= bound
+
+
+@needs_fuse
+def test_a_stalled_store_fails_reads_of_objects_served_in_place_at_the_deadline(
+    s3_server: S3Server,
+    corpus: dict[str, str],
+    lhotse_manifests: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The objects of url sources are read within the mount's deadline (80% of
+    --read-timeout), as shards in object storage are: the store gives up first, the read
+    fails with EIO, the decoder worker is not killed for it, and reads succeed again once
+    the store answers."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    s3_server.create_bucket(BUCKET)
+    urls = {}
+    for path in sorted(corpus.values()):
+        key = f"stalled/{os.path.basename(path)}"
+        s3_server.put(BUCKET, key, Path(path).read_bytes())
+        urls[path] = f"s3://{BUCKET}/{key}"
+    source = tmp_path / "manifests"
+    _url_manifests(lhotse_manifests, urls, source)
+    options = ("--allow-objects", f"s3://{BUCKET}/stalled/", "--cache-dir", str(tmp_path / "c"))
+    options += ("--workers", "1", "--read-timeout", "3")
+    with mounted(str(source), str(tmp_path / "mnt"), *options) as mnt:
+        recording = next(
+            name.split("/")[1]
+            for name in all_files(mnt)
+            if name.startswith("cuts/") and "flac" in name and name.endswith("/start.wav")
+        )
+        start, end = (Path(mnt, "cuts", recording, f"{cut}.wav") for cut in ("start", "end"))
+        assert len(start.read_bytes()) > 44  # indexed, its first pieces fetched
+        s3_server.process.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(OSError) as failure:
+                end.read_bytes()  # 27 s later in the recording: pieces not fetched yet
+            assert failure.value.errno == errno.EIO
+        finally:
+            s3_server.process.send_signal(signal.SIGCONT)
+        assert len(end.read_bytes()) > 44
+        stats = _stats(mnt)
+        assert stats["store"]["errors"] >= 1
+        assert stats["workers"]["restarts"] == 0  # the store gave up before the read did
