@@ -195,18 +195,26 @@ def audio_store(
     environment names a real store's endpoint and credentials)."""
     names = {"s3": "s3_server", "gs": "gcs_server", "az": "azurite_server"}
     found: S3Server | Server = request.getfixturevalue(names[request.param])
-    found.create_bucket(BUCKET)
-    urls = {}
-    for path in sorted(corpus.values()):
-        key = f"audio/{os.path.basename(path)}"
-        found.put(BUCKET, key, Path(path).read_bytes())
-        urls[path] = f"{request.param}://{BUCKET}/{key}"
+    urls = _uploaded_corpus(found, request.param, corpus, "audio")
     environment = dict(os.environ)
     if isinstance(found, S3Server):
         environment["AWS_ENDPOINT_URL"] = found.endpoint
     elif isinstance(found, GcsServer):
         environment["STORAGE_EMULATOR_HOST"] = found.endpoint
     return request.param, urls, environment
+
+
+def _uploaded_corpus(
+    found: S3Server | Server, scheme: str, corpus: dict[str, str], prefix: str
+) -> dict[str, str]:
+    """The corpus's files put under ``prefix/`` of the test bucket: each file's URL."""
+    found.create_bucket(BUCKET)
+    urls = {}
+    for path in sorted(corpus.values()):
+        key = f"{prefix}/{os.path.basename(path)}"
+        found.put(BUCKET, key, Path(path).read_bytes())
+        urls[path] = f"{scheme}://{BUCKET}/{key}"
+    return urls
 
 
 def _url_manifests(
@@ -349,14 +357,8 @@ def test_a_stalled_store_fails_reads_of_objects_served_in_place_at_the_deadline(
     fails with EIO, the decoder worker is not killed for it, and reads succeed again once
     the store answers."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
-    s3_server.create_bucket(BUCKET)
-    urls = {}
-    for path in sorted(corpus.values()):
-        key = f"stalled/{os.path.basename(path)}"
-        s3_server.put(BUCKET, key, Path(path).read_bytes())
-        urls[path] = f"s3://{BUCKET}/{key}"
     source = tmp_path / "manifests"
-    _url_manifests(lhotse_manifests, urls, source)
+    _url_manifests(lhotse_manifests, _uploaded_corpus(s3_server, "s3", corpus, "stalled"), source)
     options = ("--allow-objects", f"s3://{BUCKET}/stalled/", "--cache-dir", str(tmp_path / "c"))
     options += ("--workers", "1", "--read-timeout", "3")
     with mounted(str(source), str(tmp_path / "mnt"), *options) as mnt:
