@@ -37,8 +37,10 @@ class RoutingStore:
         disk_cache_bytes: int = DEFAULT_DISK_BYTES,
         deadline_seconds: float = DEFAULT_STORE_DEADLINE_SECONDS,
     ) -> None:
-        """``disk_cache_bytes`` bounds the pieces kept in ``pieces`` (all buckets'
-        together); ``deadline_seconds`` is how long a request to a store may take."""
+        """``disk_cache_bytes`` bounds the pieces kept in ``pieces`` (each bucket's piece
+        cache sweeps the whole directory once what it wrote passes the bound, as the
+        processes of a mount do); ``deadline_seconds`` is how long a request to a store
+        may take."""
         self._local = local
         self._pieces = pieces
         self._disk_cache_bytes = disk_cache_bytes
