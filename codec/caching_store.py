@@ -65,7 +65,9 @@ DEFAULT_MEMORY_BYTES: Final = 64 << 20
 _ENTRY: Final = struct.Struct("<II")  # crc32, minute last used (0: absent)
 #: A hit rewrites a piece's minute only when it is older than this (a coarse LRU).
 _TOUCH_MINUTES: Final = 10
-_MAX_OPEN_OBJECTS: Final = 256
+#: Objects whose files a process keeps open: three descriptors each (data, map, and the
+#: mapping's own copy), within a default limit of 1 024 with room for the rest.
+_MAX_OPEN_OBJECTS: Final = 160
 #: The most memory the maps of a process's open objects take (8 bytes per piece: 64 MiB
 #: maps 128 GiB of objects); past it the least recently used objects are closed (one
 #: object's map, however large, always fits).
@@ -512,31 +514,37 @@ class CachingStore:
 class _ObjectFiles:
     """An object's data file and its map, the map mapped into memory (shared).
 
-    The map is made as long as the object's pieces need, its blocks allocated before it
-    is mapped: a write into a mapped hole on a full disk would fault the process (SIGBUS)
-    where ``pwrite`` returns ENOSPC, and a full cache disk must cost fetches, not reads
-    (without room for the map, the object is not cached on disk at all).  It is never
-    shortened, so the mapping stays within the file (a map shortened behind cutfs's back
-    would fault the process that touches it: a decoder worker, whose request fails and
-    which the pool replaces).
+    The map is made as long as the object's pieces need, as a sparse file (the pages of
+    entries never written take no disk), and never shortened, so the mapping stays within
+    the file (a map shortened behind cutfs's back would fault the process that touches
+    it: a decoder worker, whose request fails and which the pool replaces).  Before
+    entries are written, the blocks of their pages are allocated: a write into a mapped
+    hole on a full disk would kill the process (SIGBUS) where the allocation returns
+    ENOSPC, and a full cache disk must cost fetches, not reads.
     """
 
     def __init__(self, base: str, pieces: int) -> None:
         flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
         self.data = os.open(base + ".data", flags, 0o600)
         try:
-            entries = os.open(base + ".map", flags, 0o600)
+            self._entries = os.open(base + ".map", flags, 0o600)
             try:
                 length = max(pieces, 1) * _ENTRY.size
-                os.posix_fallocate(entries, 0, length)  # OSError (ENOSPC): not cached
-                self._map = mmap.mmap(entries, length, mmap.MAP_SHARED)
-                self.map_bytes = length
-                _populate(self._map, entries, length)
-            finally:
-                os.close(entries)  # the mapping keeps the file
+                if os.fstat(self._entries).st_size < length:
+                    os.ftruncate(self._entries, length)
+                self._map = mmap.mmap(self._entries, length, mmap.MAP_SHARED)
+                try:
+                    _populate(self._map, self._entries, length)
+                except BaseException:
+                    self._map.close()
+                    raise
+            except BaseException:
+                os.close(self._entries)
+                raise
         except BaseException:
             os.close(self.data)
             raise
+        self.map_bytes = length
         self._pieces = pieces
 
     def entries(self, first: int, end: int) -> list[tuple[int, int]]:
@@ -551,20 +559,28 @@ class _ObjectFiles:
         low = first * _ENTRY.size
         if low < 0 or low + len(table) > self._pieces * _ENTRY.size:
             raise ValueError(f"map entries past the object's {self._pieces} pieces")
+        page = low - low % mmap.PAGESIZE
+        os.posix_fallocate(self._entries, page, low + len(table) - page)  # OSError: ENOSPC
         self._map[low : low + len(table)] = table
 
     def close(self) -> None:
         self._map.close()
+        os.close(self._entries)
         os.close(self.data)
 
 
 def _populate(mapping: mmap.mmap, descriptor: int, length: int) -> None:
     """Bring a map into memory at once, one read of the whole file, as a map read whole
     on first use was before it was mapped: each cut would otherwise fault in its own page
-    of it from disk (entries never written are holes and cost no I/O)."""
+    of it from disk (entries never written are holes and cost no I/O).  Raises
+    ``OSError`` when that fails (a file system that cannot even give pages for holes,
+    such as a full tmpfs: touching them would kill the process)."""
     try:
         mapping.madvise(_MADV_POPULATE_READ)
-    except OSError:  # before Linux 5.14: read it, then touch every page of the mapping
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        # Before Linux 5.14: read it, then touch every page of the mapping.
         os.pread(descriptor, length, 0)
         for offset in range(0, length, mmap.PAGESIZE):
             mapping[offset]

@@ -195,23 +195,45 @@ store.close()
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
-def test_a_full_cache_disk_costs_fetches_not_reads(
-    objects: tuple[str, dict[str, bytes]], tmp_path: Path
-) -> None:
-    """On a full disk, writing a piece fails with ENOSPC and so would a write into a mapped
-    hole of a map, as a fault that kills the process: each read is served, from the store."""
-    directory, _ = objects
-    full = tmp_path / "full"
-    full.mkdir()
-    mounting = ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)]
+@contextmanager
+def _full_filesystem(kind: str, where: Path) -> Iterator[Path]:
+    """A small file system of ``kind`` (tmpfs, or ext4 on a loop device) mounted at ``where``
+    and filled to the last block; skips the test where it cannot be made."""
+    where.mkdir()
+    if kind == "tmpfs":
+        mounting = ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)]
+    else:
+        image = where.with_suffix(".img")
+        with open(image, "wb") as sparse:
+            sparse.truncate(8 << 20)
+        made = subprocess.run(
+            ["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, check=False
+        )
+        if made.returncode != 0:
+            pytest.skip(f"cannot make an ext4 image here: {made.stderr!r}")
+        mounting = ["mount", "-o", "loop", str(image), str(where)]
     if subprocess.run(mounting, capture_output=True, check=False).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
+        pytest.skip(f"cannot mount a {kind} here")
     try:
-        os.chmod(full, 0o700)
-        with open(full / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+        os.chmod(where, 0o700)
+        with open(where / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
             while True:
                 filler.write(bytes(4096))
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small file system (root)")
+@pytest.mark.parametrize("kind", ["tmpfs", "ext4"])
+def test_a_full_cache_disk_costs_fetches_not_reads(
+    objects: tuple[str, dict[str, bytes]], tmp_path: Path, kind: str
+) -> None:
+    """On a full disk, writing a piece fails with ENOSPC; touching a map page the file
+    system has no room for would fault the process (on tmpfs even reading a hole needs a
+    page): each read is served, from the store, by a process that lives."""
+    directory, _ = objects
+    with _full_filesystem(kind, tmp_path / "full") as full:
         reader = subprocess.run(
             [sys.executable, "-c", _READ_EVERYTHING, directory, str(full / "cache"), str(PIECE)],
             capture_output=True,
@@ -221,8 +243,6 @@ def test_a_full_cache_disk_costs_fetches_not_reads(
         )
         assert reader.returncode == 0, reader.stderr
         assert int(reader.stdout) > 0  # fetched, since nothing could be kept
-    finally:
-        subprocess.run(["umount", str(full)], check=True)
 
 
 def test_the_maps_kept_mapped_stay_within_their_bound(tmp_path: Path) -> None:
