@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -206,6 +207,8 @@ def _full_filesystem(kind: str, where: Path) -> Iterator[Path]:
         image = where.with_suffix(".img")
         with open(image, "wb") as sparse:
             sparse.truncate(8 << 20)
+        if shutil.which("mkfs.ext4") is None:
+            pytest.skip("no mkfs.ext4 (e2fsprogs: scripts/setup.sh installs it)")
         made = subprocess.run(
             ["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, check=False
         )
