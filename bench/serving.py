@@ -4,11 +4,12 @@ Mounts the same shards with ``--serving-processes 1`` and with more, one after
 the other in one run, and measures with R reader processes:
 
 - warm opens: each reader opens a cut already in the page cache, reads it and
-  closes it, in a loop (the kernel sends OPEN and RELEASE; the data comes from
-  the page cache): the request rate one mount sustains, beside the same loop
-  over the cuts copied as plain WAV files to tmpfs;
+  closes it, in a loop (the data comes from the page cache; the kernel opens
+  without asking, so no request reaches the daemon unless it runs with
+  ``--direct-io``), beside the same loop over the cuts copied as plain WAV files
+  to tmpfs;
 - uncached cuts: each reader reads 10 s cuts once each, after the kernel's page
-  and dentry caches are dropped (lookup, open, one read, release).  The decoded
+  and dentry caches are dropped (a lookup and one read).  The decoded
   audio is in the daemon's block cache by then (the warm phase read every cut,
   and the cache holds them all): this measures what serving processes change,
   the requests, not decoding, which ``--workers`` scales.

@@ -375,18 +375,42 @@ def _wait_until(condition: object, timeout: float = 60.0) -> None:
     raise AssertionError("timed out")
 
 
+def _counters(mount: str) -> dict[str, int]:
+    with open(os.path.join(mount, ".cutfs", "stats"), encoding="utf-8") as stats_file:
+        counters: dict[str, int] = json.load(stats_file)["counters"]
+    return counters
+
+
 def test_stats_count_requests_and_read_consistently(mount: str) -> None:
     path = os.path.join(mount, ".cutfs", "stats")
-    with open(path, encoding="utf-8") as stats_file:
-        first = json.load(stats_file)
-    with open(cut_path(mount, "wav_s16_mono_16k/start"), "rb") as cut_file:
-        cut_file.read()
-    with open(path, "rb") as stats_file:  # many small reads of one snapshot
-        chunks = iter(lambda: stats_file.read(7), b"")
-        second = json.loads(b"".join(chunks))
-    assert second["counters"]["requests.open"] >= first["counters"]["requests.open"] + 2
-    assert second["counters"]["requests.release"] > first["counters"]["requests.release"]
+    first = _counters(mount)
+    with open(path, "rb") as older:  # many small reads of one snapshot
+        head = older.read(7)
+        with open(path, "rb") as newer:  # opened meanwhile: a snapshot of its own
+            newest = json.loads(newer.read())
+        older_text = head + b"".join(iter(lambda: older.read(7), b""))
+    older_counters = json.loads(older_text)["counters"]
+    assert first["requests.lookup"] < older_counters["requests.lookup"]
+    assert older_counters["requests.lookup"] < newest["counters"]["requests.lookup"]
     assert os.stat(path).st_size > 0
+
+
+def test_a_warm_cut_costs_the_daemon_no_request(mount: str) -> None:
+    """The kernel opens files without asking and keeps their pages across opens."""
+    cut = cut_path(mount, "flac_mono_16k/overlap-a")
+    with open(cut, "rb") as cut_file:
+        expected = cut_file.read()
+    before = _counters(mount)
+    for _ in range(3):
+        with open(cut, "rb") as cut_file:
+            assert cut_file.read() == expected
+        assert os.stat(cut).st_size == len(expected)
+    after = _counters(mount)
+    for name in ("reads", "requests.open", "requests.release", "requests.getattr"):
+        assert after.get(name, 0) == before.get(name, 0), name
+    # Only the stats file's own lookups (a new snapshot each time), none for the cut.
+    assert after["requests.lookup"] - before["requests.lookup"] <= 2
+    assert after["requests.open"] <= 1  # the first open of the mount, answered ENOSYS
 
 
 def _kernel_settings(mount: str) -> dict[str, str]:

@@ -57,7 +57,8 @@ class Mount:
         self.shards.read_frames = counted_read_frames  # type: ignore[method-assign]
         self.cache = BlockCache(cache_bytes)
         frames = FrameSource(self.shards, self.cache, DecodePool(self.shards, 0))
-        self.ops = Operations(Filesystem(self.shards, frames, "/mnt/cutfs"))
+        self.fs = Filesystem(self.shards, frames, "/mnt/cutfs")
+        self.ops = Operations(self.fs)
 
     async def inode(self, path: str) -> int:
         inode = ROOT_INODE
@@ -68,8 +69,7 @@ class Mount:
     async def read_all(self, path: str) -> bytes:
         inode = await self.inode(path)
         size = (await self.ops.getattr(inode, None)).st_size
-        info = await self.ops.open(inode, 0, None)
-        return await self.ops.read(info.fh, 0, size + 100)
+        return await self.ops.read(inode, 0, size + 100)  # the kernel opens without asking
 
 
 @pytest.fixture()
@@ -127,10 +127,17 @@ def test_errors_become_errno_values(mount: Mount) -> None:
             await mount.ops.lookup(cut, b"x", CONTEXT)
         assert raised.value.errno == errno.ENOTDIR
         with pytest.raises(pyfuse3.FUSEError) as raised:
-            await mount.ops.open(cut, 0o1, None)  # O_WRONLY
+            await mount.ops.open(cut, 0, None)  # the kernel then opens files without asking
+        assert raised.value.errno == errno.ENOSYS
+        # Opens are answered only with direct_io, which the kernel learns per open.
+        direct = Operations(mount.fs, direct_io=True)
+        info = await direct.open(cut, 0, None)
+        assert (info.fh, info.direct_io) == (cut, True)
+        with pytest.raises(pyfuse3.FUSEError) as raised:
+            await direct.open(cut, 0o1, None)  # O_WRONLY
         assert raised.value.errno == errno.EROFS
         with pytest.raises(pyfuse3.FUSEError) as raised:
-            await mount.ops.open(await mount.inode("cuts"), 0, None)
+            await direct.open(await mount.inode("cuts"), 0, None)
         assert raised.value.errno == errno.EISDIR
         with pytest.raises(pyfuse3.FUSEError) as raised:
             await mount.ops.getattr((1 << 40) + 10**9, None)
@@ -163,7 +170,7 @@ def test_a_recording_read_in_order_has_a_growing_window_fetched_ahead(
     async def scenario() -> None:
         inode = await mount.inode("recordings/flac_mono_16k.wav")
         size = (await mount.ops.getattr(inode, None)).st_size
-        handle = (await mount.ops.open(inode, 0, None)).fh
+        handle = inode  # reads name the inode: the kernel opens without asking
         for offset in range(0, size, 1 << 16):
             await mount.ops.read(handle, offset, 1 << 16)
         assert len(mount.aheads) >= 10

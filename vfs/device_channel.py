@@ -1,16 +1,22 @@
 """Serving a mount's requests from its /dev/fuse descriptor or a clone of it.
 
-One pyfuse3 event loop answers a mount's requests on one core.  The kernel lets
-several processes serve one mount: a process opens ``/dev/fuse`` and clones the
-mount's descriptor onto it (``FUSE_DEV_IOC_CLONE``); from then on every request
-of the mount goes to whichever descriptor reads it first, and its reply must be
-written to the same descriptor.  libfuse cannot drive a clone in another
-process (its session state, INIT included, lives in the process that mounted),
-so a :class:`DeviceChannel` speaks the kernel's protocol itself: it answers
-INIT (:meth:`DeviceChannel.answer_init`, once, on the mount's own descriptor),
-then reads each request, calls the *same* :class:`Operations` method pyfuse3
-would call, and writes the reply.  Errors therefore become errno values in one
-place, ``Operations``, for both paths.
+Every mount is served through a :class:`DeviceChannel`: pyfuse3 mounts and
+unmounts, but its loop never runs.  The channel speaks the kernel's protocol
+itself: it answers INIT (:meth:`DeviceChannel.answer_init`, once, on the
+mount's own descriptor), then reads each request, calls the
+:class:`Operations` method pyfuse3 would call, and writes the reply, so errors
+become errno values in one place, ``Operations``.  Two things need the
+channel rather than pyfuse3's loop:
+
+- reads name their file by inode.  pyfuse3 hands a read only its file handle,
+  which is 0 for every file once the kernel opens files without asking
+  (``Operations.open`` answers ``ENOSYS``);
+- one mount can be served by several processes.  A process opens
+  ``/dev/fuse`` and clones the mount's descriptor onto it
+  (``FUSE_DEV_IOC_CLONE``); from then on every request of the mount goes to
+  whichever descriptor reads it first, and its reply must be written to the
+  same descriptor.  libfuse cannot drive a clone in another process (its
+  session state, INIT included, lives in the process that mounted).
 
 Only what a read-only mount is asked is understood (lookup, getattr, open,
 read, release, opendir, readdir, readdirplus, releasedir, statfs, forget,
@@ -319,8 +325,11 @@ class DeviceChannel:
         return _open_out(await self._operations.open(request.nodeid, flags, request.context()))
 
     async def _read(self, request: _Request) -> bytes:
-        fh, offset, size, _ = _READ_IN.unpack_from(request.body)
-        return await self._operations.read(fh, offset, size)
+        _, offset, size, _ = _READ_IN.unpack_from(request.body)
+        # By inode, not by file handle: a file the kernel opened without asking
+        # (Operations.open answered ENOSYS) has handle 0, and the handles of opens that
+        # were answered are inodes.
+        return await self._operations.read(request.nodeid, offset, size)
 
     async def _release(self, request: _Request) -> bytes:
         (fh,) = _RELEASE_IN.unpack_from(request.body)

@@ -302,9 +302,6 @@ class Filesystem:
         if kind is NodeKind.DIRECTORY:
             raise FsError(errno.EISDIR)
 
-    def is_volatile(self, inode: int) -> bool:
-        return self._kind(inode) is NodeKind.TEXT and self._view(inode).text(inode).volatile
-
     # -- data -------------------------------------------------------------------------------
 
     async def read(self, inode: int, offset: int, size: int) -> bytes:

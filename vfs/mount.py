@@ -111,7 +111,6 @@ class MountOptions:
     #: is DEFAULT_READ_AHEAD_KB when the daemon runs as root, max_background left alone).
     read_ahead_kb: int | None = None
     max_background: int | None = None
-    debug_fuse: bool = False
     #: Where indexes of sources served in place are kept (None: the default).
     cache_dir: str | None = None
     #: ``windows/`` of every recording (None: no windows directory).
@@ -397,9 +396,7 @@ async def _run(
 ) -> None:
     serving_scope = trio.CancelScope()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(
-            _stop_on_signal, pyfuse3.terminate if servers is None else serving_scope.cancel
-        )
+        nursery.start_soon(_stop_on_signal, serving_scope.cancel)
         if servers is not None:
             nursery.start_soon(servers.watch)
             nursery.start_soon(publish_statistics, serving)
@@ -410,29 +407,26 @@ async def _run(
         on_ready()
         _notify_systemd("READY=1")
         with serving_scope:
-            if servers is None:
-                await pyfuse3.main()
-            else:
-                await _serve_in_processes(servers, serving, user)
+            await _serve(servers, serving, user)
         nursery.cancel_scope.cancel()
 
 
-async def _serve_in_processes(
-    servers: ServingProcesses, serving: ServingStack, user: ServingUser | None
+async def _serve(
+    servers: ServingProcesses | None, serving: ServingStack, user: ServingUser | None
 ) -> None:
-    """Serve through the mount's descriptor here and through clones in the serving
-    processes, each with a :class:`DeviceChannel`.
+    """Serve through the mount's descriptor with a :class:`DeviceChannel`, and through
+    clones of it in the serving processes, if any.
 
-    pyfuse3 mounted and will unmount, but its loop never runs: the daemon answers
-    the kernel's INIT itself, before any clone exists.  (A pyfuse3 loop stopped after
-    INIT can lose a request it was woken for, and its blocking descriptor would stall
-    it whenever another process read the request it was woken for.)
+    pyfuse3 mounted and will unmount, but its loop never runs (see
+    :mod:`cutfs.vfs.device_channel` for why): the daemon answers the kernel's INIT
+    itself, before any clone exists.
     """
     mount_fd = mount_device_fd()
     channel = DeviceChannel(mount_fd, serving.operations)
     await channel.answer_init()
-    with as_root(user):
-        servers.start(mount_fd)
+    if servers is not None:
+        with as_root(user):
+            servers.start(mount_fd)
     await channel.serve()
 
 
@@ -500,8 +494,6 @@ def _fuse_options(options: MountOptions) -> set[str]:
     fuse_options |= {"fsname=cutfs", "subtype=cutfs", "ro", "nosuid", "nodev"}
     if options.allow_other:
         fuse_options.add("allow_other")
-    if options.debug_fuse:
-        fuse_options.add("debug")
     return fuse_options
 
 

@@ -8,10 +8,24 @@ errno, cutfs errors (corrupt data, a dead decoder) become EIO with a log line
 naming the recording, and any other exception is logged with its traceback
 and also becomes EIO.
 
-File handles are inode numbers: files are immutable and need no per-open
-state (``.cutfs/stats`` excepted: each open of it gets its own snapshot).
-Entries and attributes are cached by the kernel for a day and file contents
-stay in the page cache across opens (``keep_cache``).
+Files are immutable and need no per-open state, so by default an open is
+answered ``ENOSYS``: the kernel then opens every file of the mount without
+asking (zero-message opens, ``FUSE_NO_OPEN_SUPPORT``), sends no RELEASE, and
+keeps file contents in the page cache across opens.  A cold cut then costs a
+LOOKUP and its READs, a warm one nothing.  Reads name their file by inode (the
+:class:`~cutfs.vfs.device_channel.DeviceChannel` passes the inode where the
+kernel sent file handle 0).  With ``direct_io`` the kernel must be told per open,
+so opens are answered, with the inode as the file handle.
+
+Volatile files (``.cutfs/stats``) change while mounted, yet a reader must see
+one consistent text however many reads it takes.  Without opens there is no
+per-open state, so each *lookup* of a volatile file answers a new inode, a
+snapshot: its text rendered then, served to every read of that inode and
+dropped when the kernel forgets it.  Its entry is not cached (the next path
+walk looks up again, and gets a new snapshot); its attributes are (they never
+change).
+
+Entries and attributes of everything else are cached by the kernel for a day.
 """
 
 from __future__ import annotations
@@ -38,11 +52,14 @@ from cutfs.vfs.statistics import Statistics
 log = logging.getLogger("cutfs.operations")
 
 CACHE_TIMEOUT_SECONDS = 86400.0
-#: File handles of open snapshots of volatile files (this bit, a serial number, and the
-#: file's inode in the low bits); other handles are inode numbers.
-_SNAPSHOT_HANDLES = 1 << 60
+#: Inodes of snapshots of volatile files (this bit, a serial number, and the file's own
+#: inode in the low bits), above every inode of :mod:`cutfs.vfs.view`.
+_SNAPSHOT_INODES = 1 << 60
 _SNAPSHOT_INODE_BITS = 20
 _SNAPSHOT_SERIALS = 1 << 39
+_VOLATILE_INODE_MASK = (1 << _SNAPSHOT_INODE_BITS) - 1
+#: A volatile text is read whole into its snapshot (they are a few KiB).
+_LARGEST_TEXT_BYTES = 1 << 30
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -131,21 +148,51 @@ class Operations(pyfuse3.Operations):
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return self._entry(await self._fs.lookup(parent_inode, name, ctx.uid))
+        attributes = await self._fs.lookup(parent_inode, name, ctx.uid)
+        if attributes.volatile:
+            attributes = await self._new_snapshot(attributes)
+        return self._entry(attributes)
 
     @_errno_boundary
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        if inode & _SNAPSHOT_INODES:
+            return self._entry(self._snapshot_attributes(inode, await self._snapshot(inode)))
         return self._entry(await self._fs.getattr(inode))
 
+    async def _new_snapshot(self, volatile: Attributes) -> Attributes:
+        """A new inode whose content is the volatile file's text as rendered now."""
+        self._next_snapshot = (self._next_snapshot + 1) % _SNAPSHOT_SERIALS
+        inode = _SNAPSHOT_INODES | self._next_snapshot << _SNAPSHOT_INODE_BITS | volatile.inode
+        snapshot = await self._fs.read(volatile.inode, 0, _LARGEST_TEXT_BYTES)
+        self._snapshots.put(inode, snapshot)
+        return self._snapshot_attributes(inode, snapshot)
+
+    @staticmethod
+    def _snapshot_attributes(inode: int, snapshot: bytes) -> Attributes:
+        return Attributes(inode, stat.S_IFREG, len(snapshot))
+
+    async def _snapshot(self, inode: int) -> bytes:
+        """A snapshot's text; rendered again if it was evicted (only past
+        :data:`cutfs.vfs.snapshot_store.KEPT` snapshots known at once)."""
+        snapshot = self._snapshots.get(inode)
+        if snapshot is None:
+            snapshot = await self._fs.read(inode & _VOLATILE_INODE_MASK, 0, _LARGEST_TEXT_BYTES)
+            self._snapshots.put(inode, snapshot)
+        return snapshot
+
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
-        """The kernel dropped lookups; time ranges it no longer knows are freed.
+        """The kernel dropped lookups; time ranges and snapshots it no longer knows are
+        freed.
 
         FORGET has no reply, so nothing may be raised: a failure is logged.
         """
         self._statistics.count("requests.forget")
         try:
             for inode, references in inode_list:
-                self._fs.forget(inode, references)
+                if inode & _SNAPSHOT_INODES:
+                    self._snapshots.drop(inode)  # each snapshot is looked up once
+                else:
+                    self._fs.forget(inode, references)
         except Exception:
             self._statistics.error("internal")
             log.exception("forget failed unexpectedly")
@@ -183,29 +230,21 @@ class Operations(pyfuse3.Operations):
 
     @_errno_boundary
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        self._fs.check_open(inode, flags)
-        if self._fs.is_volatile(inode):
-            # Each open reads one consistent snapshot, however many reads it takes.
-            self._next_snapshot = (self._next_snapshot + 1) % _SNAPSHOT_SERIALS
-            fh = _SNAPSHOT_HANDLES | self._next_snapshot << _SNAPSHOT_INODE_BITS | inode
-            self._snapshots.put(fh, await self._fs.read(inode, 0, 1 << 30))
-            return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
-        return pyfuse3.FileInfo(fh=inode, keep_cache=not self._direct_io, direct_io=self._direct_io)
-
-    async def _snapshot(self, fh: int) -> bytes:
-        """The snapshot of a volatile file's open, taken now if none is kept (evicted)."""
-        snapshot = self._snapshots.get(fh)
-        if snapshot is None:
-            snapshot = await self._fs.read(fh & ((1 << _SNAPSHOT_INODE_BITS) - 1), 0, 1 << 30)
-            self._snapshots.put(fh, snapshot)
-        return snapshot
+        """``ENOSYS`` (the kernel stops asking: see the module docstring), except with
+        ``direct_io``, which the kernel learns per open."""
+        if not self._direct_io:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+        if not inode & _SNAPSHOT_INODES:
+            self._fs.check_open(inode, flags)
+        return pyfuse3.FileInfo(fh=inode, keep_cache=False, direct_io=True)
 
     @_errno_boundary
-    async def read(self, fh: int, off: int, size: int) -> bytes:
-        if fh & _SNAPSHOT_HANDLES:
-            return (await self._snapshot(fh))[off : off + size]
+    async def read(self, inode: int, off: int, size: int) -> bytes:
+        """Bytes of the file ``inode`` (its file handle, when opens are answered)."""
+        if inode & _SNAPSHOT_INODES:
+            return (await self._snapshot(inode))[off : off + size]
         started = time.perf_counter()
-        data = await self._fs.read(fh, off, size)
+        data = await self._fs.read(inode, off, size)
         self._statistics.observe("read", time.perf_counter() - started)
         self._statistics.count("reads")
         self._statistics.count("read_bytes", len(data))
@@ -213,8 +252,7 @@ class Operations(pyfuse3.Operations):
 
     @_errno_boundary
     async def release(self, fh: int) -> None:
-        if fh & _SNAPSHOT_HANDLES:
-            self._snapshots.drop(fh)
+        return None
 
     @_errno_boundary
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
@@ -229,7 +267,10 @@ class Operations(pyfuse3.Operations):
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = attributes.inode
         entry.generation = 0
-        entry.entry_timeout = 0 if attributes.provisional else CACHE_TIMEOUT_SECONDS
+        # A provisional size, a volatile text or a snapshot of one must be looked up again.
+        snapshot = bool(attributes.inode & _SNAPSHOT_INODES)
+        looked_up_again = attributes.provisional or attributes.volatile or snapshot
+        entry.entry_timeout = 0 if looked_up_again else CACHE_TIMEOUT_SECONDS
         fresh = attributes.volatile or attributes.provisional
         entry.attr_timeout = 0 if fresh else CACHE_TIMEOUT_SECONDS
         kind = stat.S_IFMT(attributes.mode)

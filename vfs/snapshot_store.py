@@ -1,12 +1,13 @@
-"""Snapshots of volatile files (``.cutfs/stats``), one per open, kept until release.
+"""Snapshots of volatile files (``.cutfs/stats``), one per lookup, kept until forgotten.
 
-A reader that opens ``.cutfs/stats`` must see one consistent text however
-many reads it takes, so each open takes a snapshot and reads are served from
-it.  When several processes serve a mount, the open and the reads of one file
-handle may reach different processes: the snapshot is then also written to a
+A reader of ``.cutfs/stats`` must see one consistent text however many reads
+it takes, so each lookup of it answers a new inode whose text is rendered then
+(:mod:`cutfs.vfs.operations`), and reads of that inode are served from here.
+When several processes serve a mount, the lookup and the reads of one snapshot
+may reach different processes: the snapshot is then also written to a
 directory the processes share, where any of them finds it.  At most
-:data:`KEPT` snapshots are kept (the oldest go first): a release may reach a
-process that never saw the open, and a reader that never releases must not
+:data:`KEPT` snapshots are kept (the oldest go first): a forget may reach a
+process that never saw the lookup, and a kernel that never forgets must not
 grow the store.
 """
 
@@ -23,7 +24,7 @@ _LARGEST_BYTES: Final = 64 << 20
 
 
 class SnapshotStore:
-    """Snapshots by file handle; shared through ``directory`` when it is given."""
+    """Snapshots by inode; shared through ``directory`` when it is given."""
 
     def __init__(self, directory: str | None = None) -> None:
         self._directory = directory
@@ -31,39 +32,39 @@ class SnapshotStore:
         if directory is not None:
             os.makedirs(directory, mode=0o700, exist_ok=True)
 
-    def _path(self, handle: int) -> str:
+    def _path(self, inode: int) -> str:
         assert self._directory is not None
-        return os.path.join(self._directory, f"{handle:x}")
+        return os.path.join(self._directory, f"{inode:x}")
 
-    def put(self, handle: int, snapshot: bytes) -> None:
-        self._local[handle] = snapshot
+    def put(self, inode: int, snapshot: bytes) -> None:
+        self._local[inode] = snapshot
         while len(self._local) > KEPT:
             del self._local[next(iter(self._local))]
         if self._directory is None:
             return
         self._trim_shared()
-        temporary = f"{self._path(handle)}.{os.getpid()}"
+        temporary = f"{self._path(inode)}.{os.getpid()}"
         with open(temporary, "wb") as file:
             file.write(snapshot)
-        os.replace(temporary, self._path(handle))
+        os.replace(temporary, self._path(inode))
 
-    def get(self, handle: int) -> bytes | None:
-        """The snapshot of ``handle``, or ``None`` if no process has it (any more)."""
-        snapshot = self._local.get(handle)
+    def get(self, inode: int) -> bytes | None:
+        """The snapshot of ``inode``, or ``None`` if no process has it (any more)."""
+        snapshot = self._local.get(inode)
         if snapshot is not None or self._directory is None:
             return snapshot
         try:
-            with open(self._path(handle), "rb") as file:
+            with open(self._path(inode), "rb") as file:
                 snapshot = file.read(_LARGEST_BYTES + 1)
         except FileNotFoundError:
             return None
         return snapshot if len(snapshot) <= _LARGEST_BYTES else None
 
-    def drop(self, handle: int) -> None:
-        self._local.pop(handle, None)
+    def drop(self, inode: int) -> None:
+        self._local.pop(inode, None)
         if self._directory is not None:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path(handle))
+                os.unlink(self._path(inode))
 
     def _trim_shared(self) -> None:
         assert self._directory is not None
