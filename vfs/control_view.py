@@ -1,5 +1,6 @@
 """``.cutfs/``: the daemon's counters, as JSON (``stats``) and in Prometheus' text format
-(``metrics``), rendered afresh on every open."""
+(``metrics``), rendered afresh on every lookup (each gets a snapshot: see
+:mod:`cutfs.vfs.operations`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ _DIRECTORY: Final = CONTROL_INODE_BASE
 
 
 class VolatileText:
-    """A text rendered on every read (the kernel neither caches it nor trusts its size)."""
+    """A text rendered anew for each snapshot of it (one per lookup)."""
 
     volatile = True
 
