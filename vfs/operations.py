@@ -203,12 +203,6 @@ class Operations(pyfuse3.Operations):
         return inode
 
     @_errno_boundary
-    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        for name, entry, next_id in self._directory_entries(fh, start_id):
-            if not pyfuse3.readdir_reply(token, name, entry, next_id):
-                break
-
-    @_errno_boundary
     async def directory_entries(
         self, fh: int, start_id: int, max_entries: int
     ) -> list[tuple[bytes, pyfuse3.EntryAttributes, int]]:
