@@ -79,8 +79,11 @@ _STREAM_CHUNK_BYTES: Final = 64 << 10
 _WRITE_BATCH_BYTES: Final = 1 << 20
 #: How long closing waits for the fetches under way to finish writing their pieces.
 _CLOSE_WAIT_SECONDS: Final = 2.0
-#: Runs of missing pieces closer than this are fetched by one request.
-_MERGE_GAP_BYTES: Final = 64 << 10
+#: Runs of missing pieces closer than this are fetched by one request, the cached pieces
+#: between them again: a round trip to object storage (S3 answers its first byte in
+#: 10-30 ms) costs more than a few hundred kilobytes more of one.  A cut whose middle is
+#: cached (by the cuts around it) is then one GET too.
+_MERGE_GAP_BYTES: Final = 256 << 10
 #: The longest a read waits for a piece another request is fetching (the fetch itself
 #: gives up at the store's deadline, sooner).
 _AWAIT_SECONDS: Final = 300.0
@@ -284,8 +287,8 @@ class CachingStore:
 
     def _start_fetch(self, name: str, key: str, numbers: list[int]) -> None:
         """Fetch the pieces ``numbers`` not already being fetched: each run of them (runs
-        closer than 64 KiB joined) streamed by one request, the runs at once, in the
-        background."""
+        closer than :data:`_MERGE_GAP_BYTES` joined) streamed by one request, the runs at
+        once, in the background."""
         with self._lock:
             numbers = [n for n in numbers if (key, n) not in self._in_flight]
             if not numbers:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import struct
 import wave
 
@@ -20,6 +21,7 @@ from cutfs.codec.resampler import Resampler
 from cutfs.codec.riff import parse_riff_wave
 from cutfs.codec.seek_index import SeekIndex
 from cutfs.codec.wav_layout import HEADER_BYTES, WavLayout
+from cutfs.vfs.block_cache import BlockCache
 
 
 def test_header_bytes_field_by_field() -> None:
@@ -240,3 +242,48 @@ def test_an_unchecked_seek_index_never_gives_a_point_out_of_order(
     assert after is None or after.sample > target
     if samples == sorted(samples) and after is not None:
         assert after.byte_offset >= point.byte_offset
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 400), st.integers(1, 120)),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(200, 3000),
+)
+def test_the_block_cache_serves_exactly_what_it_was_given(
+    puts: list[tuple[int, int, int]], capacity_bytes: int
+) -> None:
+    """Blocks of any length put in any order: a lookup returns pieces and gaps that tile
+    the range, every piece holds the frames of the signal at its place, and the cache
+    never holds more bytes than its capacity (the index stays in step with evictions)."""
+    cache = BlockCache(capacity_bytes)
+    signal = np.arange(1000, dtype=np.int16).reshape(-1, 1)  # frame n holds n
+    for recording, start, length in puts:
+        cache.put(recording, start, (signal[start : start + length] + recording).copy())
+        statistics = cache.statistics()
+        assert statistics.bytes <= capacity_bytes
+        for probe in range(4):
+            pieces, gaps = cache.lookup(probe, 50, 450)
+            spans = sorted([(s, s + len(p)) for s, p in pieces] + gaps)
+            assert spans[0][0] == 50 and spans[-1][1] == 450
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+            for piece_start, piece in pieces:
+                wanted = signal[piece_start : piece_start + len(piece)] + probe
+                assert np.array_equal(piece, wanted)
+    assert cache.statistics().blocks <= len(puts)
+
+
+def test_the_block_cache_drops_blocks_a_new_one_overlaps() -> None:
+    cache = BlockCache(1 << 20)
+    cache.put(0, 10, np.zeros((10, 1), np.int16))  # [10, 20)
+    cache.put(0, 30, np.zeros((10, 1), np.int16))  # [30, 40)
+    cache.put(0, 15, np.ones((20, 1), np.int16))  # [15, 35) overlaps both
+    pieces, gaps = cache.lookup(0, 0, 50)
+    assert [(start, len(piece)) for start, piece in pieces] == [(15, 20)]
+    assert gaps == [(0, 15), (35, 50)]
+    view = np.ones((100, 1), np.int16)[10:20]
+    cache.put(1, 0, view)  # a view is copied: the cache counts what it holds
+    assert cache.statistics().bytes == 40 + 20

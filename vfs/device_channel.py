@@ -43,6 +43,7 @@ from typing import Any, Final
 import pyfuse3
 import trio
 
+from cutfs.vfs.filesystem import ReadBuffers
 from cutfs.vfs.operations import Operations
 
 log = logging.getLogger("cutfs.device_channel")
@@ -197,7 +198,7 @@ class DeviceChannel:
         self._operations = operations
         self._buffer = bytearray(_READ_BUFFER_BYTES)
         os.set_blocking(device_fd, False)
-        self._handlers: dict[int, Callable[[_Request], Awaitable[bytes]]] = {
+        self._handlers: dict[int, Callable[[_Request], Awaitable[bytes | ReadBuffers]]] = {
             _LOOKUP: self._lookup,
             _GETATTR: self._getattr,
             _OPEN: self._open,
@@ -288,10 +289,13 @@ class DeviceChannel:
             return
         self._reply(request.unique, 0, body)
 
-    def _reply(self, unique: int, error: int, body: bytes) -> None:
-        header = _OUT_HEADER.pack(_OUT_HEADER.size + len(body), error, unique)
+    def _reply(self, unique: int, error: int, body: bytes | ReadBuffers) -> None:
+        """Answer a request; ``body`` in pieces is gathered by the one ``writev``."""
+        pieces = body if isinstance(body, list) else [body]
+        size = sum(len(piece) for piece in pieces)
+        header = _OUT_HEADER.pack(_OUT_HEADER.size + size, error, unique)
         try:
-            os.writev(self._fd, [header, body] if body else [header])
+            os.writev(self._fd, [header, *pieces])
         except OSError as exc:
             # ENOENT: the request was interrupted and is gone; the caller saw EINTR.
             if exc.errno not in (errno.ENOENT, errno.ENODEV):
@@ -324,7 +328,7 @@ class DeviceChannel:
         flags, _ = _OPEN_IN.unpack_from(request.body)
         return _open_out(await self._operations.open(request.nodeid, flags, request.context()))
 
-    async def _read(self, request: _Request) -> bytes:
+    async def _read(self, request: _Request) -> ReadBuffers:
         _, offset, size, _ = _READ_IN.unpack_from(request.body)
         # By inode, not by file handle: a file the kernel opened without asking
         # (Operations.open answered ENOSYS) has handle 0, and the handles of opens that

@@ -1,16 +1,14 @@
 """Frames of recordings, served from the block cache or decoded on demand.
 
-A request for frames ``[first, end)`` is split into cache blocks.  Blocks
-missing from the cache are decoded in contiguous runs, one decode per run,
-and stored.  A block already being decoded for another request is waited
-for rather than decoded twice.
+A request for frames ``[first, end)`` takes what the cache holds of them and
+decodes exactly the ranges it lacks, one decode per range, each stored as a
+block.  A range already being decoded for another request is waited for
+rather than decoded twice.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import trio
@@ -19,7 +17,7 @@ from cachetools import LRUCache
 from cutfs.codec.errors import CutfsError, ManifestMismatchError
 from cutfs.codec.library import Library
 from cutfs.codec.pcm import Int16Array
-from cutfs.vfs.block_cache import BlockCache, BlockKey
+from cutfs.vfs.block_cache import BlockCache, FrameRange, Piece
 from cutfs.vfs.decode_pool import DecodeDeadlineError, DecodePool
 from cutfs.vfs.statistics import Statistics
 
@@ -52,8 +50,9 @@ class FrameSource:
         self._library = library
         self._cache = cache
         self._pool = pool
-        self._in_flight: dict[BlockKey, trio.Event] = {}
-        #: recording -> (the block a decode continuing the last one would start at, how
+        #: recording -> the ranges being decoded, each with the event set when it is done.
+        self._in_flight: dict[int, list[tuple[int, int, trio.Event]]] = {}
+        #: recording -> (the frame a decode continuing the last one would start at, how
         #: many decodes in a row did)
         self._sequences: LRUCache[int, tuple[int, int]] = LRUCache(maxsize=_SEQUENCES_KEPT)
         self._indexing: dict[int, trio.Event] = {}
@@ -111,169 +110,165 @@ class FrameSource:
     ) -> Int16Array:
         """Frames ``[first, end)`` of a recording as int16 (frames, channels).
 
-        When blocks must be decoded, the decode goes on past ``end`` up to
-        ``readahead_end`` (at most ``MAX_READAHEAD_FRAMES``), filling the
-        cache for the reads that follow: a cut is decoded in one pass from one
-        seek point instead of once per kernel read.  ``in_order`` says that the read
-        continues the previous read of its file: once several decodes of a file read in
-        order continue each other, the store fetches the frames after each decode in the
-        background (:data:`SEQUENTIAL_DECODES`).
+        What the cache lacks is decoded exactly, in one decode from the seek point before
+        the first missing frame to the last missing one (see :meth:`_decoded`), which goes
+        on past ``end`` up to ``readahead_end`` (at most ``MAX_READAHEAD_FRAMES`` further,
+        and not into frames cached or being decoded), filling the cache for the reads that
+        follow: a cut is decoded in one pass instead of once per kernel read.
+        ``in_order`` says that the read continues the previous read of its file: once
+        several decodes of a file read in order continue each other, the store fetches the
+        frames after each decode in the background (:data:`SEQUENTIAL_DECODES`).  Frames
+        another request is decoding are waited for rather than decoded twice.
 
         Raises what decoding raises (:class:`cutfs.codec.errors.CorruptDataError`)
-        when a block cannot be decoded; the failure is not cached.
+        when frames cannot be decoded; the failure is not cached.
         """
         started = time.perf_counter() if self._profile is not None else 0.0
-        decoded = False
-        recording = _Span(
-            self._library.recording_ids[recording_index],
-            self._library.frame_limit(recording_index),
-        )
-        block_frames = self._cache.block_frames
-        numbers: Sequence[int] = range(first // block_frames, -(-end // block_frames))
-        blocks: dict[int, Int16Array] = {}
+        pieces, gaps = self._cache.lookup(recording_index, first, end)
+        self._cache.count(hit=not gaps)
+        decoded = bool(gaps)
         for _attempt in range(3):
-            missing = self._collect(recording_index, numbers, blocks)
-            if not missing:
+            if not gaps:
                 break
-            waiting = [
-                self._in_flight[(recording_index, n)]
-                for n in missing
-                if (recording_index, n) in self._in_flight
-            ]
-            if waiting:
-                with trio.move_on_after(self._pool.deadline_seconds):
-                    await waiting[0].wait()
-                    continue
-                raise DecodeDeadlineError(
-                    "waited too long for another request's decode", where=recording.recording_id
-                )
-            decoded = True
-            missing += self._readahead(recording_index, recording, missing[-1], readahead_end)
-            await self._decode_runs(recording_index, recording, missing, blocks, in_order)
-        missing = self._collect(recording_index, numbers, blocks)
-        if missing:  # evicted or failed while we waited: decode them ourselves
-            decoded = True
-            await self._decode_runs(recording_index, recording, missing, blocks, in_order)
+            waiting = self._in_flight_over(recording_index, _hull(gaps))
+            if waiting is None:
+                break
+            with trio.move_on_after(self._pool.deadline_seconds):
+                await waiting.wait()
+                pieces, gaps = self._cache.lookup(recording_index, first, end)
+                continue
+            raise DecodeDeadlineError(
+                "waited too long for another request's decode",
+                where=self._library.recording_ids[recording_index],
+            )
+        if gaps:  # missing, or still missing after three waits (evicted, or that decode failed)
+            pieces = await self._decoded(recording_index, pieces, gaps, readahead_end, in_order)
         if self._profile is not None:
             phase = "frames.decoded" if decoded else "frames.cached"
             self._profile.observe(phase, time.perf_counter() - started)
-        return self._joined(recording_index, numbers, blocks, first, end)
+        return self._joined(recording_index, pieces, first, end)
 
-    def cached_frames(self, recording_index: int, first: int, end: int) -> Int16Array | None:
-        """Frames ``[first, end)`` if every block of them is in the cache, else ``None``.
-
-        Never waits: callers take this path first and pay for deadlines and
-        decoding only when it misses.
-        """
-        block_frames = self._cache.block_frames
-        numbers: Sequence[int] = range(first // block_frames, -(-end // block_frames))
-        blocks: dict[int, Int16Array] = {}
-        if self._collect(recording_index, numbers, blocks):
-            return None
-        return self._joined(recording_index, numbers, blocks, first, end)
-
-    def _joined(
+    async def _decoded(
         self,
         recording_index: int,
-        numbers: Sequence[int],
-        blocks: dict[int, Int16Array],
-        first: int,
-        end: int,
+        pieces: list[Piece],
+        gaps: list[FrameRange],
+        readahead_end: int,
+        in_order: bool,
+    ) -> list[Piece]:
+        """``pieces`` completed by one decode from the first frame of ``gaps`` to the last
+        (and on to ``readahead_end``, see :meth:`_with_readahead`).
+
+        Frames cached between the gaps are decoded again: a second decode would cost
+        another seek, worker round trip and, over object storage, GET, all dearer than
+        decoding a few seconds through (a cold cut is one GET).  The pieces the decode
+        covers are dropped (the cache drops their blocks too, see :meth:`BlockCache.put`).
+        """
+        frame_limit = self._library.frame_limit(recording_index)
+        span_first, span_end = self._with_readahead(
+            recording_index, frame_limit, _hull(gaps), readahead_end
+        )
+        kept = [piece for piece in pieces if not span_first <= piece[0] < span_end]
+        return [*kept, await self._decode(recording_index, span_first, span_end, in_order)]
+
+    def cached_frames(self, recording_index: int, first: int, end: int) -> Int16Array | None:
+        """Frames ``[first, end)`` if all of them are in the cache, else ``None``.
+
+        Never waits: callers take this path first and pay for deadlines and
+        decoding only when it misses (and :meth:`frames` counts the miss).
+        """
+        pieces, gaps = self._cache.lookup(recording_index, first, end)
+        if gaps:
+            return None
+        self._cache.count(hit=True)
+        return self._joined(recording_index, pieces, first, end)
+
+    def _joined(
+        self, recording_index: int, pieces: list[Piece], first: int, end: int
     ) -> Int16Array:
-        if not blocks:
+        """Frames ``[first, end)`` from pieces that cover them: a view of the one piece
+        that holds them all, else the pieces joined.  Raises
+        :class:`ManifestMismatchError` where the audio ended before ``end``."""
+        if first == end:
             shape = self._library.shape(recording_index)
             return np.zeros((0, shape.channels if shape else 1), dtype=np.int16)
-        joined = np.concatenate([blocks[n] for n in numbers])
-        offset = numbers[0] * self._cache.block_frames
-        result = joined[first - offset : end - offset]
+        if len(pieces) == 1 and pieces[0][0] == first:
+            result = pieces[0][1][: end - first]
+        else:
+            pieces.sort(key=_piece_start)
+            result = np.concatenate(
+                [frames[max(first - start, 0) : end - start] for start, frames in pieces]
+            )
         if len(result) < end - first:
             raise ManifestMismatchError(
                 f"frames [{first}, {end}) were asked for, the audio ends at frame "
-                f"{offset + len(joined)}, before the length its manifest declares",
+                f"{first + len(result)}, before the length its manifest declares",
                 where=self._library.recording_ids[recording_index],
             )
         return result
 
-    def _collect(
-        self, recording_index: int, numbers: Sequence[int], blocks: dict[int, Int16Array]
-    ) -> list[int]:
-        missing = []
-        for number in numbers:
-            if number in blocks:
-                continue
-            block = self._cache.get((recording_index, number))
-            if block is None:
-                missing.append(number)
-            else:
-                blocks[number] = block
-        return missing
+    def _in_flight_over(self, recording_index: int, span: FrameRange) -> trio.Event | None:
+        """The event of a decode under way that overlaps ``span``, if any."""
+        span_first, span_end = span
+        for flight_first, flight_end, done in self._in_flight.get(recording_index, ()):
+            if flight_first < span_end and span_first < flight_end:
+                return done
+        return None
 
-    def _readahead(
-        self, recording_index: int, recording: _Span, last_missing: int, readahead_end: int
-    ) -> list[int]:
-        """Blocks after ``last_missing`` worth decoding in the same pass."""
-        block_frames = self._cache.block_frames
-        stop = min(readahead_end, recording.frame_limit)
-        most = max(MAX_READAHEAD_FRAMES // block_frames, 1)
-        last = min(-(-stop // block_frames), last_missing + 1 + most)
-        extra = []
-        for number in range(last_missing + 1, last):
-            key = (recording_index, number)
-            if key in self._in_flight or self._cache.contains(key):
-                break
-            extra.append(number)
-        return extra
+    def _with_readahead(
+        self, recording_index: int, frame_limit: int, gap: FrameRange, readahead_end: int
+    ) -> FrameRange:
+        """``gap`` extended to ``readahead_end`` as far as decoding it in the same pass is
+        worth it: not past the recording, :data:`MAX_READAHEAD_FRAMES` or frames cached or
+        being decoded."""
+        gap_first, gap_end = gap
+        stop = min(readahead_end, frame_limit, gap_end + MAX_READAHEAD_FRAMES)
+        if stop <= gap_end:
+            return gap
+        cached = self._cache.next_start(recording_index, gap_end)
+        if cached is not None:
+            stop = min(stop, cached)
+        for flight_first, flight_end, _ in self._in_flight.get(recording_index, ()):
+            if flight_end > gap_end:
+                stop = min(stop, max(flight_first, gap_end))
+        return gap_first, max(stop, gap_end)
 
-    async def _decode_runs(
-        self,
-        recording_index: int,
-        recording: _Span,
-        missing: list[int],
-        blocks: dict[int, Int16Array],
-        in_order: bool = False,
-    ) -> None:
-        for run in _runs(missing):
-            keys = [(recording_index, number) for number in run]
-            done = trio.Event()
-            for key in keys:
-                self._in_flight.setdefault(key, done)
-            try:
-                block_frames = self._cache.block_frames
-                first = run[0] * block_frames
-                end = min((run[-1] + 1) * block_frames, recording.frame_limit)
-                ahead = self._frames_ahead(recording_index, run[0], run[-1] + 1, in_order)
-                decoded = await self._pool.decode(recording_index, first, end, ahead)
-                for number in run:
-                    block = decoded[(number - run[0]) * block_frames :][:block_frames].copy()
-                    blocks[number] = block
-                    self._cache.put((recording_index, number), block)
-            finally:
-                for key in keys:
-                    if self._in_flight.get(key) is done:
-                        del self._in_flight[key]
-                done.set()
+    async def _decode(self, recording_index: int, first: int, end: int, in_order: bool) -> Piece:
+        """Frames ``[first, end)``, decoded into the cache."""
+        flights = self._in_flight.setdefault(recording_index, [])
+        flight = (first, end, trio.Event())
+        flights.append(flight)
+        try:
+            ahead = self._frames_ahead(recording_index, first, end, in_order)
+            decoded = await self._pool.decode(recording_index, first, end, ahead)
+            self._cache.put(recording_index, first, decoded)
+            return first, decoded
+        finally:
+            flights.remove(flight)
+            if not flights:
+                del self._in_flight[recording_index]
+            flight[2].set()
 
-    def _frames_ahead(
-        self, recording_index: int, first_block: int, end_block: int, in_order: bool
-    ) -> int:
-        """How many frames after the decode of blocks ``[first_block, end_block)`` to fetch
-        ahead: none unless a file of the recording is being read in order (see
-        :data:`SEQUENTIAL_DECODES`), then a window that doubles with every decode."""
+    def _frames_ahead(self, recording_index: int, first: int, end: int, in_order: bool) -> int:
+        """How many frames after the decode of ``[first, end)`` to fetch ahead: none unless
+        a file of the recording is being read in order (see :data:`SEQUENTIAL_DECODES`),
+        then a window that doubles with every decode."""
         expected, streak = self._sequences.get(recording_index, (-1, 0))
-        streak = min(streak + 1, _MOST_STREAK) if in_order and first_block == expected else 0
-        self._sequences[recording_index] = (end_block, streak)
+        streak = min(streak + 1, _MOST_STREAK) if in_order and first == expected else 0
+        self._sequences[recording_index] = (end, streak)
         if streak < SEQUENTIAL_DECODES:
             return 0
         decodes = min(1 << (streak - SEQUENTIAL_DECODES), MOST_DECODES_AHEAD)
-        return (end_block - first_block) * self._cache.block_frames * decodes
+        return (end - first) * decodes
 
 
-@dataclass(frozen=True, slots=True)
-class _Span:
-    """What decoding needs to know of a recording: its id (for errors) and where frames end."""
+def _piece_start(piece: Piece) -> int:
+    return piece[0]
 
-    recording_id: str
-    frame_limit: int
+
+def _hull(ranges: list[FrameRange]) -> FrameRange:
+    """From the first frame of the first of ``ranges`` (in order) to the end of the last."""
+    return ranges[0][0], ranges[-1][1]
 
 
 def _fresh(error: Exception) -> Exception:
@@ -281,13 +276,3 @@ def _fresh(error: Exception) -> Exception:
     if isinstance(error, CutfsError):
         return type(error)(error.message, where=error.where)
     return CutfsError(f"indexing failed: {error!r}")
-
-
-def _runs(numbers: list[int]) -> list[list[int]]:
-    runs: list[list[int]] = []
-    for number in numbers:
-        if runs and runs[-1][-1] + 1 == number:
-            runs[-1].append(number)
-        else:
-            runs.append([number])
-    return runs

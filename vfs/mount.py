@@ -36,7 +36,6 @@ from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES, SourcePolicy
 from cutfs.vfs import kernel_tuning
-from cutfs.vfs.block_cache import DEFAULT_BLOCK_FRAMES
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
 from cutfs.vfs.device_channel import DeviceChannel
 from cutfs.vfs.filesystem import Windows
@@ -99,7 +98,6 @@ MAX_SERVING_PROCESSES = 64
 class MountOptions:
     cache_bytes: int = 512 << 20
     workers: int = 2
-    block_frames: int = DEFAULT_BLOCK_FRAMES
     read_timeout_seconds: float = DEFAULT_DEADLINE_SECONDS
     allow_other: bool = False
     ownership: Ownership = field(default_factory=Ownership)

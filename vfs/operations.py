@@ -45,7 +45,7 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 
 from cutfs.codec.errors import CutfsError
-from cutfs.vfs.filesystem import Attributes, Filesystem, FsError
+from cutfs.vfs.filesystem import Attributes, Filesystem, FsError, ReadBuffers
 from cutfs.vfs.snapshot_store import SnapshotStore
 from cutfs.vfs.statistics import Statistics
 
@@ -233,16 +233,18 @@ class Operations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=inode, keep_cache=False, direct_io=True)
 
     @_errno_boundary
-    async def read(self, inode: int, off: int, size: int) -> bytes:
-        """Bytes of the file ``inode`` (its file handle, when opens are answered)."""
+    async def read(self, inode: int, off: int, size: int) -> ReadBuffers:  # type: ignore[override]
+        """Bytes of the file ``inode`` (its file handle, when opens are answered), as
+        buffers to be written out in order (see :meth:`Filesystem.read_buffers`): the
+        :class:`~cutfs.vfs.device_channel.DeviceChannel` answers reads, not pyfuse3."""
         if inode & _SNAPSHOT_INODES:
-            return (await self._snapshot(inode))[off : off + size]
+            return [(await self._snapshot(inode))[off : off + size]]
         started = time.perf_counter()
-        data = await self._fs.read(inode, off, size)
+        buffers = await self._fs.read_buffers(inode, off, size)
         self._statistics.observe("read", time.perf_counter() - started)
         self._statistics.count("reads")
-        self._statistics.count("read_bytes", len(data))
-        return data
+        self._statistics.count("read_bytes", sum(len(buffer) for buffer in buffers))
+        return buffers
 
     @_errno_boundary
     async def release(self, fh: int) -> None:

@@ -104,7 +104,7 @@ class ServingStack:
         )
         stack.callback(pool.close)
         pool.start()  # the workers start while the tree is built
-        cache = BlockCache(share.cache_bytes, options.block_frames)
+        cache = BlockCache(share.cache_bytes)
         frames = FrameSource(library, cache, pool, statistics if options.profile else None)
 
         def sections() -> dict[str, Any]:
