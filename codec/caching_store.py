@@ -123,6 +123,9 @@ class CachingStore:
         self._closed = False
         self._mapped_bytes = 0
         self._disk_estimate: int | None = None
+        #: Bytes this process has written into the cache so far (a sweep's count of what
+        #: is on disk misses what other threads write while it runs: it adds them back).
+        self._written_bytes = 0
         self._counts = {"memory_hits": 0, "disk_hits": 0, "misses": 0, "corrupt_pieces": 0}
         self._counts |= {"evicted_pieces": 0, "sweeps": 0}
         self._in_flight: dict[tuple[str, int], _Fetch] = {}
@@ -451,6 +454,7 @@ class CachingStore:
             if self._disk_estimate is None:
                 self._disk_estimate = self._present_bytes()
             self._disk_estimate += len(data)
+            self._written_bytes += len(data)
             over = self._disk_estimate > self._disk_bytes
         if over:
             self.sweep()
@@ -472,6 +476,8 @@ class CachingStore:
         lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            with self._lock:
+                written_before = self._written_bytes
             paths = self._map_files()
             tables = [_read_entries(path) for path in paths]
             minutes = np.concatenate([t[:, 1] for t in tables] or [np.zeros(0, np.uint32)])
@@ -490,7 +496,8 @@ class CachingStore:
                 chosen = numbers[victims[owners[victims] == owner]]
                 self._evict(paths[int(owner)], chosen)
             with self._lock:
-                self._disk_estimate = (len(present) - evict) * self._piece_bytes
+                written_since = self._written_bytes - written_before
+                self._disk_estimate = (len(present) - evict) * self._piece_bytes + written_since
                 self._counts["sweeps"] += 1
                 self._counts["evicted_pieces"] += evict
         finally:
