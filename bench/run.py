@@ -705,10 +705,13 @@ def _soundfile_loop(cuts: list[tuple[str, float]], seconds: float, seed: int) ->
     return done
 
 
-def _uncached_throughput(setup: Setup, readers: int = 2) -> list[dict[str, Any]]:
+def _uncached_throughput(
+    setup: Setup, readers: int = 2, repository: Path = REPOSITORY
+) -> list[dict[str, Any]]:
     """Cuts decoded per second by ``readers`` processes: through a mount that caches no
     PCM (every read decodes), against the same number of processes decoding the same cuts
-    from the original files with soundfile. Storage is in the page cache for both."""
+    from the original files with soundfile. Storage is in the page cache for both.
+    ``repository``: the checkout whose cutfs mounts (see bench/revisions.py)."""
     rows = []
     mountpoint = setup.work / "mnt" / "uncached"
     mountpoint.mkdir(parents=True, exist_ok=True)
@@ -717,7 +720,7 @@ def _uncached_throughput(setup: Setup, readers: int = 2) -> list[dict[str, Any]]
     subprocess.run(
         [*CUTFS, "mount", "--cache-size", "1M", "--direct-io", str(setup.shards), str(mountpoint)],
         check=True,
-        cwd=REPOSITORY,
+        cwd=repository,
     )
     try:
         for rid in sorted(rid for rid in setup.cuts if rid.endswith("2h")):
