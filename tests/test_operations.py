@@ -165,6 +165,49 @@ def test_overlapping_cuts_share_decoded_blocks(mount: Mount) -> None:
     trio.run(scenario)
 
 
+def test_a_cache_smaller_than_the_readahead_still_keeps_what_was_decoded(
+    shard_dir: str, references: dict[str, Reference]
+) -> None:
+    """A whole recording read in order in 64 KiB pieces through a 256 KiB cache: decodes
+    are cut to a quarter of the cache, so each is kept, and the recording is decoded about
+    once (a decode the cache could not hold would be decoded again by every read)."""
+    mount = Mount(shard_dir, cache_bytes=256 << 10)
+
+    async def scenario() -> bytes:
+        inode = await mount.inode("recordings/flac_mono_16k.wav")
+        size = (await mount.ops.getattr(inode, None)).st_size
+        parts = [await mount.read(inode, offset, 1 << 16) for offset in range(0, size, 1 << 16)]
+        return b"".join(parts)
+
+    data = trio.run(scenario)
+    samples = np.frombuffer(data[44:], dtype="<i2")
+    assert np.array_equal(samples, references["flac_mono_16k.flac"].samples.reshape(-1))
+    decoded = sum(end - first for _, first, end in mount.decodes)
+    assert decoded <= 1.1 * len(samples), (decoded, len(samples))
+    assert all(end - first <= (256 << 10) // 4 // 2 for _, first, end in mount.decodes)
+
+
+def test_a_file_read_backwards_in_small_pieces_decodes_blocks_not_pieces(
+    mount: Mount, references: dict[str, Reference]
+) -> None:
+    """4 KiB reads from the end of a 10 s cut to its start: each decode goes back to
+    :data:`frame_source.MIN_DECODE_FRAMES`, so the next reads find their frames cached."""
+
+    async def scenario() -> bytes:
+        inode = await mount.inode("cuts/flac_mono_16k/overlap-a.wav")
+        size = (await mount.ops.getattr(inode, None)).st_size
+        offsets = range((size - 1) // 4096 * 4096, -1, -4096)
+        parts = {offset: await mount.read(inode, offset, 4096) for offset in offsets}
+        return b"".join(parts[offset] for offset in sorted(parts))
+
+    data = trio.run(scenario)
+    frames = 10 * 16000
+    expected = references["flac_mono_16k.flac"].samples.reshape(-1)[5 * 16000 : 5 * 16000 + frames]
+    assert np.array_equal(np.frombuffer(data[44:], dtype="<i2"), expected)
+    assert len(mount.decodes) <= frames // frame_source.MIN_DECODE_FRAMES + 2
+    assert all(end - first >= frame_source.MIN_DECODE_FRAMES for _, first, end in mount.decodes)
+
+
 def test_a_recording_read_in_order_has_a_growing_window_fetched_ahead(
     mount: Mount, monkeypatch: pytest.MonkeyPatch
 ) -> None:

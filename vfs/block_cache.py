@@ -4,14 +4,17 @@ A block is a run of consecutive frames of one recording (all its channels), as o
 decode produced it: a cold cut is decoded exactly, into one block, and a cut that
 overlaps it decodes only the frames the cache lacks.  The blocks of a recording never
 overlap, so the frames of a read are found by one binary search and served as views of
-the blocks that hold them.  The cache counts the bytes of the arrays it holds and
-evicts the least recently used blocks beyond its budget.
+the blocks that hold them.  The cache counts the bytes of the arrays it holds, plus
+:data:`BLOCK_OVERHEAD_BYTES` for each, and evicts the least recently used blocks beyond
+its budget.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from cachetools import Cache, LRUCache
 
@@ -22,6 +25,11 @@ BlockKey = tuple[int, int]  # (recording index, first frame)
 Piece = tuple[int, Int16Array]
 #: Frames ``[first, end)`` of a recording.
 FrameRange = tuple[int, int]
+
+#: What a block costs besides its samples (the array object, its key, its place in the
+#: index and in the LRU): counted, so that a cache of tiny blocks holds no more memory
+#: than its budget.
+BLOCK_OVERHEAD_BYTES: Final = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +43,11 @@ class BlockCacheStatistics:
 
 
 class _Blocks(LRUCache[BlockKey, Int16Array]):
-    """The LRU of blocks; tells its owner which blocks it evicts."""
+    """The LRU of blocks, calling ``on_evict`` with the key of each block it evicts."""
 
-    def __init__(self, capacity_bytes: int, owner: BlockCache) -> None:
-        super().__init__(maxsize=max(capacity_bytes, 1), getsizeof=_block_bytes)
-        self._owner = owner
+    def __init__(self, capacity_bytes: int, on_evict: Callable[[BlockKey], None]) -> None:
+        super().__init__(maxsize=max(capacity_bytes, 1), getsizeof=block_bytes)
+        self._on_evict = on_evict
 
     def peek(self, key: BlockKey) -> Int16Array:
         """The block at ``key``, left where it is in the order of use."""
@@ -48,16 +56,17 @@ class _Blocks(LRUCache[BlockKey, Int16Array]):
 
     def touch(self, key: BlockKey) -> None:
         """Make the block at ``key`` the most recently used."""
-        self.__getitem__(key)
+        self[key]
 
     def popitem(self) -> tuple[BlockKey, Int16Array]:
         key, block = super().popitem()
-        self._owner._forget_start(key)
+        self._on_evict(key)
         return key, block
 
 
-def _block_bytes(block: Int16Array) -> int:
-    return max(block.nbytes, 1)
+def block_bytes(block: Int16Array) -> int:
+    """What a block counts against the cache's budget."""
+    return block.nbytes + BLOCK_OVERHEAD_BYTES
 
 
 class BlockCache:
@@ -65,11 +74,15 @@ class BlockCache:
 
     def __init__(self, capacity_bytes: int) -> None:
         self._capacity_bytes = capacity_bytes
-        self._blocks = _Blocks(capacity_bytes, self)
+        self._blocks = _Blocks(capacity_bytes, self._forget_start)
         #: recording -> the first frames of its cached blocks, sorted.
         self._starts: dict[int, list[int]] = {}
         self._hits = 0
         self._misses = 0
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._capacity_bytes
 
     def lookup(self, recording: int, first: int, end: int) -> tuple[list[Piece], list[FrameRange]]:
         """The cached frames of ``[first, end)``, as pieces in order (views clipped to the
@@ -81,23 +94,14 @@ class BlockCache:
         pieces: list[Piece] = []
         gaps: list[FrameRange] = []
         position = first
-        starts = self._starts.get(recording)
-        if starts:
-            index = max(bisect.bisect_right(starts, first) - 1, 0)
-            while index < len(starts) and starts[index] < end:
-                start = starts[index]
-                index += 1
-                block = self._blocks.peek((recording, start))
-                block_end = start + len(block)
-                if block_end <= position:
-                    continue
-                self._blocks.touch((recording, start))
-                if start > position:
-                    gaps.append((position, start))
-                    position = start
-                stop = min(block_end, end)
-                pieces.append((position, block[position - start : stop - start]))
-                position = stop
+        for start, block in self._overlapping(recording, first, end):
+            self._blocks.touch((recording, start))
+            if start > position:
+                gaps.append((position, start))
+                position = start
+            stop = min(start + len(block), end)
+            pieces.append((position, block[position - start : stop - start]))
+            position = stop
         if position < end:
             gaps.append((position, end))
         return pieces, gaps
@@ -117,39 +121,55 @@ class BlockCache:
         index = bisect.bisect_left(starts, frame)
         return starts[index] if index < len(starts) else None
 
+    def previous_end(self, recording: int, frame: int) -> int | None:
+        """Where the last cached block starting before ``frame`` ends."""
+        starts = self._starts.get(recording)
+        if not starts:
+            return None
+        index = bisect.bisect_left(starts, frame) - 1
+        if index < 0:
+            return None
+        start = starts[index]
+        return start + len(self._blocks.peek((recording, start)))
+
     def put(self, recording: int, start: int, block: Int16Array) -> None:
-        """Keep ``block`` (frames from ``start`` on) unless it alone exceeds the capacity.
+        """Keep ``block`` (frames from ``start`` on) unless it alone exceeds the capacity or
+        the cache already holds all its frames.
 
         Blocks it overlaps are dropped: it holds the same frames (decoding is exact), and
         the blocks of a recording must not overlap.  A block that is a view of a larger
         array is copied, so that the cache holds no more memory than it counts.
         """
-        if block.nbytes > self._capacity_bytes or len(block) == 0:
+        end = start + len(block)
+        if block_bytes(block) > self._capacity_bytes or end == start:
+            return
+        if not self.lookup(recording, start, end)[1]:
             return
         if not block.flags.owndata:
             block = block.copy()
         block.setflags(write=False)
-        self._drop_overlapping(recording, start, start + len(block))
-        starts = self._starts.setdefault(recording, [])
-        bisect.insort(starts, start)
+        for overlapped, _ in list(self._overlapping(recording, start, end)):
+            del self._blocks[(recording, overlapped)]
+            self._forget_start((recording, overlapped))
         self._blocks[(recording, start)] = block
+        bisect.insort(self._starts.setdefault(recording, []), start)
 
-    def _drop_overlapping(self, recording: int, first: int, end: int) -> None:
+    def _overlapping(self, recording: int, first: int, end: int) -> Iterator[Piece]:
+        """The cached blocks of ``recording`` that hold frames of ``[first, end)``, in
+        order (whole, with their first frames), left where they are in the order of use."""
         starts = self._starts.get(recording)
         if not starts:
             return
         index = max(bisect.bisect_right(starts, first) - 1, 0)
-        overlapping = []
         while index < len(starts) and starts[index] < end:
             start = starts[index]
-            if start + len(self._blocks.peek((recording, start))) > first:
-                overlapping.append(start)
             index += 1
-        for start in overlapping:
-            del self._blocks[(recording, start)]
-            self._forget_start((recording, start))
+            block = self._blocks.peek((recording, start))
+            if start + len(block) > first:
+                yield start, block
 
     def _forget_start(self, key: BlockKey) -> None:
+        """Take an evicted or dropped block out of its recording's index."""
         recording, start = key
         starts = self._starts[recording]
         del starts[bisect.bisect_left(starts, start)]

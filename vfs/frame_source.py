@@ -1,9 +1,10 @@
 """Frames of recordings, served from the block cache or decoded on demand.
 
 A request for frames ``[first, end)`` takes what the cache holds of them and
-decodes exactly the ranges it lacks, one decode per range, each stored as a
-block.  A range already being decoded for another request is waited for
-rather than decoded twice.
+decodes what it lacks in one decode, from its first missing frame to its last
+(on through a readahead, and back to a shortest decode), stored as one block.
+Frames already being decoded for another request are waited for rather than
+decoded twice.
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ from cutfs.vfs.block_cache import BlockCache, FrameRange, Piece
 from cutfs.vfs.decode_pool import DecodeDeadlineError, DecodePool
 from cutfs.vfs.statistics import Statistics
 
-#: The most frames decoded ahead of a read, in one pass (98 s at 16 kHz).
+#: The most frames decoded ahead of a read, in one pass (98 s at 16 kHz); and no decode
+#: longer than a quarter of the block cache, so that what it decodes stays cached.
 MAX_READAHEAD_FRAMES = 48 << 15
+#: The fewest frames one decode makes, where the cache leaves room (0.5 s at 16 kHz): a
+#: tool reading a file in small pieces, or backwards, gets blocks, not a decode per read.
+MIN_DECODE_FRAMES = 1 << 13
 #: A file read in order (each kernel read where the one before ended: a whole recording
 #: read through) has the bytes after each decode fetched ahead once this many decodes in a
 #: row, each for such a read, began where the one before ended.  A cut is one read: cuts,
@@ -127,26 +132,40 @@ class FrameSource:
         pieces, gaps = self._cache.lookup(recording_index, first, end)
         self._cache.count(hit=not gaps)
         decoded = bool(gaps)
-        for _attempt in range(3):
-            if not gaps:
-                break
-            waiting = self._in_flight_over(recording_index, _hull(gaps))
-            if waiting is None:
-                break
-            with trio.move_on_after(self._pool.deadline_seconds):
-                await waiting.wait()
-                pieces, gaps = self._cache.lookup(recording_index, first, end)
-                continue
-            raise DecodeDeadlineError(
-                "waited too long for another request's decode",
-                where=self._library.recording_ids[recording_index],
+        if gaps:
+            pieces, gaps = await self._after_decodes_under_way(
+                recording_index, first, end, pieces, gaps
             )
-        if gaps:  # missing, or still missing after three waits (evicted, or that decode failed)
+        if gaps:  # missing, or still missing after the waits (evicted, or that decode failed)
             pieces = await self._decoded(recording_index, pieces, gaps, readahead_end, in_order)
         if self._profile is not None:
             phase = "frames.decoded" if decoded else "frames.cached"
             self._profile.observe(phase, time.perf_counter() - started)
         return self._joined(recording_index, pieces, first, end)
+
+    async def _after_decodes_under_way(
+        self,
+        recording_index: int,
+        first: int,
+        end: int,
+        pieces: list[Piece],
+        gaps: list[FrameRange],
+    ) -> tuple[list[Piece], list[FrameRange]]:
+        """``pieces`` and ``gaps`` of ``[first, end)`` (see :meth:`BlockCache.lookup`) once
+        no decode under way overlaps the gaps: every such decode is waited for, all of
+        them within one read deadline, and the cache looked up again after each."""
+        with trio.move_on_after(self._pool.deadline_seconds):
+            while gaps:
+                waiting = self._in_flight_over(recording_index, _hull(gaps))
+                if waiting is None:
+                    return pieces, gaps
+                await waiting.wait()
+                pieces, gaps = self._cache.lookup(recording_index, first, end)
+            return pieces, gaps
+        raise DecodeDeadlineError(
+            "waited too long for another request's decode",
+            where=self._library.recording_ids[recording_index],
+        )
 
     async def _decoded(
         self,
@@ -157,17 +176,14 @@ class FrameSource:
         in_order: bool,
     ) -> list[Piece]:
         """``pieces`` completed by one decode from the first frame of ``gaps`` to the last
-        (and on to ``readahead_end``, see :meth:`_with_readahead`).
+        (and on to ``readahead_end``, see :meth:`_span`).
 
         Frames cached between the gaps are decoded again: a second decode would cost
         another seek, worker round trip and, over object storage, GET, all dearer than
         decoding a few seconds through (a cold cut is one GET).  The pieces the decode
         covers are dropped (the cache drops their blocks too, see :meth:`BlockCache.put`).
         """
-        frame_limit = self._library.frame_limit(recording_index)
-        span_first, span_end = self._with_readahead(
-            recording_index, frame_limit, _hull(gaps), readahead_end
-        )
+        span_first, span_end = self._span(recording_index, _hull(gaps), readahead_end)
         kept = [piece for piece in pieces if not span_first <= piece[0] < span_end]
         return [*kept, await self._decode(recording_index, span_first, span_end, in_order)]
 
@@ -186,26 +202,29 @@ class FrameSource:
     def _joined(
         self, recording_index: int, pieces: list[Piece], first: int, end: int
     ) -> Int16Array:
-        """Frames ``[first, end)`` from pieces that cover them: a view of the one piece
-        that holds them all, else the pieces joined.  Raises
-        :class:`ManifestMismatchError` where the audio ended before ``end``."""
-        if first == end:
-            shape = self._library.shape(recording_index)
-            return np.zeros((0, shape.channels if shape else 1), dtype=np.int16)
-        if len(pieces) == 1 and pieces[0][0] == first:
-            result = pieces[0][1][: end - first]
-        else:
-            pieces.sort(key=_piece_start)
-            result = np.concatenate(
-                [frames[max(first - start, 0) : end - start] for start, frames in pieces]
-            )
-        if len(result) < end - first:
+        """Frames ``[first, end)`` from pieces that cover them without overlapping: a view
+        of the one piece that holds them all, else the pieces joined.  Raises
+        :class:`ManifestMismatchError` where they stop short of ``end`` (the audio ended
+        before the length its manifest declares)."""
+        parts: list[Int16Array] = []
+        position = first
+        for start, frames in sorted(pieces, key=_piece_start):
+            if start > position or position >= end:
+                break
+            part = frames[position - start : end - start]
+            if len(part):
+                parts.append(part)
+                position += len(part)
+        if position < end:
             raise ManifestMismatchError(
                 f"frames [{first}, {end}) were asked for, the audio ends at frame "
-                f"{first + len(result)}, before the length its manifest declares",
+                f"{position}, before the length its manifest declares",
                 where=self._library.recording_ids[recording_index],
             )
-        return result
+        if not parts:
+            shape = self._library.shape(recording_index)
+            return np.zeros((0, shape.channels if shape else 1), dtype=np.int16)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _in_flight_over(self, recording_index: int, span: FrameRange) -> trio.Event | None:
         """The event of a decode under way that overlaps ``span``, if any."""
@@ -215,26 +234,37 @@ class FrameSource:
                 return done
         return None
 
-    def _with_readahead(
-        self, recording_index: int, frame_limit: int, gap: FrameRange, readahead_end: int
-    ) -> FrameRange:
-        """``gap`` extended to ``readahead_end`` as far as decoding it in the same pass is
-        worth it: not past the recording, :data:`MAX_READAHEAD_FRAMES` or frames cached or
-        being decoded."""
-        gap_first, gap_end = gap
-        stop = min(readahead_end, frame_limit, gap_end + MAX_READAHEAD_FRAMES)
-        if stop <= gap_end:
-            return gap
-        cached = self._cache.next_start(recording_index, gap_end)
-        if cached is not None:
-            stop = min(stop, cached)
+    def _span(self, recording_index: int, needed: FrameRange, readahead_end: int) -> FrameRange:
+        """What to decode for the ``needed`` frames: on to ``readahead_end`` (at most
+        :data:`MAX_READAHEAD_FRAMES` further, and a quarter of the cache in all), and
+        back towards :data:`MIN_DECODE_FRAMES` if it is still shorter; never past the
+        recording, nor into frames cached or being decoded."""
+        needed_first, needed_end = needed
+        shape = self._library.shape(recording_index)
+        frame_bytes = 2 * (shape.channels if shape is not None else 1)
+        longest = max(self._cache.capacity_bytes // 4 // frame_bytes, MIN_DECODE_FRAMES)
+        stop = min(
+            readahead_end,
+            self._library.frame_limit(recording_index),
+            needed_end + MAX_READAHEAD_FRAMES,
+            needed_first + longest,
+        )
+        cached_after = self._cache.next_start(recording_index, needed_end)
+        if cached_after is not None:
+            stop = min(stop, cached_after)
+        start = needed_first - max(MIN_DECODE_FRAMES - (max(stop, needed_end) - needed_first), 0)
+        cached_before = self._cache.previous_end(recording_index, needed_first)
+        start = max(start, 0, cached_before if cached_before is not None else 0)
         for flight_first, flight_end, _ in self._in_flight.get(recording_index, ()):
-            if flight_end > gap_end:
-                stop = min(stop, max(flight_first, gap_end))
-        return gap_first, max(stop, gap_end)
+            if flight_end > needed_end:
+                stop = min(stop, max(flight_first, needed_end))
+            if flight_first < needed_first:
+                start = max(start, min(flight_end, needed_first))
+        return min(start, needed_first), max(stop, needed_end)
 
     async def _decode(self, recording_index: int, first: int, end: int, in_order: bool) -> Piece:
-        """Frames ``[first, end)``, decoded into the cache."""
+        """Frames ``[first, end)``, decoded into the cache (fewer where the audio ends
+        early); the array returned may be the pool's own, not the copy the cache keeps."""
         flights = self._in_flight.setdefault(recording_index, [])
         flight = (first, end, trio.Event())
         flights.append(flight)
