@@ -444,6 +444,14 @@ class CachingStore:
             _ENTRY.pack(zlib.crc32(data[start : start + piece_bytes]), _minute())
             for start in range(0, len(data), piece_bytes)
         )
+        with self._lock:
+            if self._disk_estimate is None:
+                self._disk_estimate = self._present_bytes()
+            room = self._disk_estimate + len(data) <= self._disk_bytes
+        if not room:
+            # Room first: a worker killed at unmount just after a write (its sweep was to
+            # run next, in this thread) would leave the cache over its bound.
+            self.sweep()
         try:
             files = self._files_of(name, key)
             os.pwrite(files.data, data, first * piece_bytes)
