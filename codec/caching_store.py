@@ -445,9 +445,7 @@ class CachingStore:
             for start in range(0, len(data), piece_bytes)
         )
         with self._lock:
-            if self._disk_estimate is None:
-                self._disk_estimate = self._present_bytes()
-            room = self._disk_estimate + len(data) <= self._disk_bytes
+            room = self._estimated_bytes() + len(data) <= self._disk_bytes
         if not room:
             # Room first: a worker killed at unmount just after a write (its sweep was to
             # run next, in this thread) would leave the cache over its bound.
@@ -459,13 +457,18 @@ class CachingStore:
         except (OSError, ValueError):
             return  # a full or failing cache disk costs fetches, not reads
         with self._lock:
-            if self._disk_estimate is None:
-                self._disk_estimate = self._present_bytes()
-            self._disk_estimate += len(data)
+            self._disk_estimate = self._estimated_bytes() + len(data)
             self._written_bytes += len(data)
             over = self._disk_estimate > self._disk_bytes
         if over:
             self.sweep()
+
+    def _estimated_bytes(self) -> int:
+        """What the cache directory holds, as this process knows it (counted from the maps
+        the first time; called with the lock held)."""
+        if self._disk_estimate is None:
+            self._disk_estimate = self._present_bytes()
+        return self._disk_estimate
 
     def _present_bytes(self) -> int:
         total = 0
