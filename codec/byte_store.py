@@ -44,7 +44,11 @@ class ByteStore(Protocol):
 
     def stream(self, name: str, start: int, stop: int, chunk_bytes: int) -> Iterator[memoryview]:
         """Bytes ``[start, stop)`` in chunks of ``chunk_bytes`` (the last may be shorter), each
-        yielded as soon as it is there: one request, consumed while it arrives."""
+        yielded as soon as it is there: one request, consumed while it arrives.
+
+        The request is counted (:meth:`counters`) when the stream is asked for, and sent
+        when it is first iterated: a caller that hands the stream to another thread has
+        its statistics hold the request it started, even one sent after it is answered."""
         ...
 
     def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> bool:

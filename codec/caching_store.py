@@ -114,6 +114,9 @@ class CachingStore:
         self._directory = directory
         self._namespace = namespace
         self._piece_bytes = piece_bytes
+        # Network reads of 64 KiB (smaller ones cost more per byte than they save in
+        # waiting), whole pieces each, handed on piece by piece.
+        self._chunk_bytes = piece_bytes * max(_STREAM_CHUNK_BYTES // piece_bytes, 1)
         self._disk_bytes = disk_bytes
         self._memory: LRUCache[tuple[str, int], bytes] = LRUCache(
             maxsize=memory_bytes, getsizeof=len
@@ -164,9 +167,11 @@ class CachingStore:
         return [self.read(name, start, stop) for start, stop in ranges]
 
     def stream(self, name: str, start: int, stop: int, chunk_bytes: int) -> Iterator[memoryview]:
-        self.prefetch(name, [(start, stop)])
-        for offset in range(start, stop, chunk_bytes):
-            yield self.read(name, offset, min(offset + chunk_bytes, stop))
+        self.prefetch(name, [(start, stop)])  # asked for now (see ByteStore.stream)
+        return (
+            self.read(name, offset, min(offset + chunk_bytes, stop))
+            for offset in range(start, stop, chunk_bytes)
+        )
 
     def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> bool:
         """Start fetching the pieces of ``ranges`` that are neither in memory nor on disk, in
@@ -304,28 +309,48 @@ class CachingStore:
                     self._in_flight[(key, number)] = fetch
                 fetches.append((first, end, fetch))
         for first, end, fetch in fetches:
-            self._fetchers.submit(self._stream_run, name, key, first, end, fetch)
+            try:
+                stop = min(end * self._piece_bytes, self.size(name))
+                # Asked for in the caller's thread, sent from a fetching one: the request
+                # counts as the caller's even when it goes out after the caller is answered
+                # (a decode that needs none of the margin pieces it asked for).
+                start = first * self._piece_bytes
+                chunks = self._inner.stream(name, start, stop, self._chunk_bytes)
+            except Exception as exc:
+                fetch.finish(exc)
+                self._forget_fetch(key, first, end, fetch)
+                continue
+            self._fetchers.submit(self._stream_run, name, key, (first, end), fetch, chunks)
 
-    def _stream_run(self, name: str, key: str, first: int, end: int, fetch: _Fetch) -> None:
-        """Stream pieces ``[first, end)`` from the inner store into memory and ``fetch``
-        (whose waiters each take theirs as soon as it is there), and onto disk.
+    def _forget_fetch(self, key: str, first: int, end: int, fetch: _Fetch) -> None:
+        with self._lock:
+            for done in range(first, end):
+                if self._in_flight.get((key, done)) is fetch:
+                    del self._in_flight[(key, done)]
+
+    def _stream_run(
+        self,
+        name: str,
+        key: str,
+        run: tuple[int, int],
+        fetch: _Fetch,
+        chunks: Iterator[memoryview],
+    ) -> None:
+        """Stream pieces ``run`` (first, end) from the inner store's ``chunks`` into memory
+        and ``fetch`` (whose waiters each take theirs as soon as it is there), and onto disk.
 
         Pieces are handed on before they are written: the first write into a part of
         the data file not in memory waits for the file system (0.6 ms measured, as long
         as the rest of the cut's transfer), so they are written :data:`_WRITE_BATCH_BYTES`
         at a time, and the fetch is finished only once all are on disk (a reader that
         finds neither the fetch nor the piece in memory looks on disk)."""
+        first, end = run
         number = first
         fetch.started = True
         try:
-            size = self.size(name)
-            stop = min(end * self._piece_bytes, size)
-            # Network reads of 64 KiB (smaller ones cost more per byte than they save in
-            # waiting), handed on piece by piece.
-            chunk_bytes = self._piece_bytes * max(_STREAM_CHUNK_BYTES // self._piece_bytes, 1)
             unwritten: list[memoryview] = []
             unwritten_from = first
-            for chunk in self._inner.stream(name, first * self._piece_bytes, stop, chunk_bytes):
+            for chunk in chunks:
                 for offset in range(0, len(chunk), self._piece_bytes):
                     piece = bytes(chunk[offset : offset + self._piece_bytes])
                     with self._lock:
@@ -334,7 +359,7 @@ class CachingStore:
                     fetch.deliver(number, piece)
                     number += 1
                 unwritten.append(chunk)
-                if len(unwritten) * chunk_bytes >= _WRITE_BATCH_BYTES:
+                if len(unwritten) * self._chunk_bytes >= _WRITE_BATCH_BYTES:
                     self._to_disk(name, key, unwritten_from, b"".join(unwritten))
                     unwritten, unwritten_from = [], number
             if unwritten:
@@ -343,10 +368,7 @@ class CachingStore:
         except BaseException as exc:
             fetch.finish(exc)
         finally:
-            with self._lock:
-                for done in range(first, end):
-                    if self._in_flight.get((key, done)) is fetch:
-                        del self._in_flight[(key, done)]
+            self._forget_fetch(key, first, end, fetch)
 
     def _await(self, name: str, key: str, number: int) -> bytes:
         """A piece being fetched, once it is there; raises what the fetch failed with."""

@@ -81,9 +81,8 @@ class LocalStore:
         return views
 
     def stream(self, name: str, start: int, stop: int, chunk_bytes: int) -> Iterator[memoryview]:
-        whole = self.read(name, start, stop)
-        for offset in range(0, len(whole), chunk_bytes):
-            yield whole[offset : offset + chunk_bytes]
+        whole = self.read(name, start, stop)  # a view of the map: counted, nothing read yet
+        return (whole[at : at + chunk_bytes] for at in range(0, len(whole), chunk_bytes))
 
     def prefetch(self, name: str, ranges: Sequence[tuple[int, int]]) -> bool:
         mapped = self._map(name)

@@ -502,17 +502,31 @@ class ObjectStore:
     def stream(self, name: str, start: int, stop: int, chunk_bytes: int) -> Iterator[memoryview]:
         """Bytes ``[start, stop)`` of the pinned object in chunks as they arrive, from one
         conditional GET (split at ``max_get_bytes``); a connection that breaks mid-way is
-        resumed where it stopped, within the deadline.  Raises like :meth:`read`."""
-        import urllib3  # noqa: PLC0415
+        resumed where it stopped, within the deadline.  Raises like :meth:`read`.
 
+        The first GET is counted now and sent when the stream is first iterated (see
+        :meth:`ByteStore.stream`); further parts, and resumptions, when they are sent."""
         pinned = self.pin(name)
         self._check_range(name, pinned, start, stop)
+        if start < stop:
+            self.tally.add_get(min(stop, start + self._max_get_bytes) - start)
+        return self._streamed(name, pinned, start, stop, chunk_bytes)
+
+    def _streamed(
+        self, name: str, pinned: PinnedObject, start: int, stop: int, chunk_bytes: int
+    ) -> Iterator[memoryview]:
+        """The chunks of :meth:`stream`, whose first GET is already counted."""
+        import urllib3  # noqa: PLC0415
+
         begun = time.monotonic()
         position = start
         pending = b""
+        counted = True
         while position < stop:
             end = min(stop, position + self._max_get_bytes)
-            self.tally.add_get(end - position)
+            if not counted:
+                self.tally.add_get(end - position)
+            counted = False
             reply = self._open_get(name, pinned, (position, end), begun)
             received = 0
             try:

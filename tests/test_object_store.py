@@ -9,10 +9,12 @@ import os
 import random
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
+from cutfs.codec.caching_store import CachingStore
 from cutfs.codec.errors import SourceError
 from cutfs.codec.object_store import (
     ObjectChangedError,
@@ -134,16 +136,20 @@ def test_a_missing_object_and_a_server_that_is_down_fail_with_a_clear_error(
 
 class _ThrottlingProxy:
     """An HTTP proxy in front of the S3 server that answers the next ``throttle`` GETs with
-    503 SlowDown, as S3 does under load, and forwards everything else."""
+    503 SlowDown, as S3 does under load, holds GETs while ``released`` is clear (a slow
+    store), and forwards everything else."""
 
     def __init__(self, upstream: str) -> None:
         self.throttle = 0
         self.throttled = 0
+        self.released = threading.Event()
+        self.released.set()
         proxy = self
         target = urlsplit(upstream)
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                proxy.released.wait(30)
                 if proxy.throttle > 0:
                     proxy.throttle -= 1
                     proxy.throttled += 1
@@ -208,6 +214,38 @@ def test_throttling_is_retried_with_backoff_within_the_deadline(endpoint: str, d
         with pytest.raises(ObjectStoreError, match="503 SlowDown"):
             store.read(name, 0, 10)
         assert 3 < proxy.throttled < 20  # backed off: 50 ms doubling, not a busy loop
+    finally:
+        store.close()
+        proxy.close()
+
+
+def test_the_gets_a_piece_cache_starts_count_before_they_go_out(
+    endpoint: str, data: bytes, tmp_path: Path
+) -> None:
+    """A piece cache sends its GETs from threads of its own.  Those a caller started are
+    in the counters when it returns, before they go out: a decoder worker reports what
+    its store did with each reply, and a cut that needed none of the margin pieces it
+    asked for is answered before their GET is sent (a test counting GETs per cut once
+    saw that GET under the next cut)."""
+    proxy = _ThrottlingProxy(endpoint)
+    inner = ObjectStore(ObjectLocation(BUCKET, "shards/", proxy.endpoint), deadline_seconds=10)
+    store = CachingStore(inner, str(tmp_path / "cache"), "test://held")
+    try:
+        name = "shard-00000.arrow"
+        assert store.size(name) == len(data)  # pinned (a HEAD) before the GETs are held
+        # Ten runs of pieces too far apart to merge: more than the cache's fetching
+        # threads, so that some wait for a thread while the others are held.
+        spacing = len(data) // 10
+        ranges = [(n * spacing, n * spacing + 1000) for n in range(10)]
+        proxy.released.clear()
+        try:
+            assert not store.prefetch(name, ranges)
+            assert store.counters()["gets"] == 10
+        finally:
+            proxy.released.set()
+        for start, stop in ranges:
+            assert bytes(store.read(name, start, stop)) == data[start:stop]
+        assert store.counters()["gets"] == 10
     finally:
         store.close()
         proxy.close()
