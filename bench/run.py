@@ -706,19 +706,24 @@ def _soundfile_loop(cuts: list[tuple[str, float]], seconds: float, seed: int) ->
 
 
 def _uncached_throughput(
-    setup: Setup, readers: int = 2, repository: Path = REPOSITORY
+    setup: Setup,
+    readers: int = 2,
+    repository: Path = REPOSITORY,
+    options: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """Cuts decoded per second by ``readers`` processes: through a mount that caches no
     PCM (every read decodes), against the same number of processes decoding the same cuts
     from the original files with soundfile. Storage is in the page cache for both.
-    ``repository``: the checkout whose cutfs mounts (see bench/revisions.py)."""
+    ``repository``: the checkout whose cutfs mounts (see bench/revisions.py); ``options``:
+    more options of ``cutfs mount`` (see bench/serving.py)."""
     rows = []
     mountpoint = setup.work / "mnt" / "uncached"
     mountpoint.mkdir(parents=True, exist_ok=True)
     context = get_context("fork")
     _unmount(mountpoint)
+    command = [*CUTFS, "mount", "--cache-size", "1M", "--direct-io", *options]
     subprocess.run(
-        [*CUTFS, "mount", "--cache-size", "1M", "--direct-io", str(setup.shards), str(mountpoint)],
+        [*command, str(setup.shards), str(mountpoint)],
         check=True,
         cwd=repository,
     )
