@@ -25,10 +25,11 @@ page before its request went out, and another before its first piece was handed 
 write of a few bytes into a page that is not in memory reads the page first).
 
 Processes of one mount (the decoder workers) share the directory: what one
-fetched, the others read.  The disk use is bounded: when a process has written
-enough to pass ``disk_bytes``, it sweeps (under a lock file) the least recently
-used pieces of every object until 80% of the bound, punching holes in the data
-files.  Memory is bounded by ``memory_bytes`` (an LRU of pieces per process), and the
+fetched, the others read.  The disk use is bounded: every process counts what it
+writes, before writing it, in one count of the directory (:mod:`cutfs.codec.cache_usage`),
+and one whose pieces would pass ``disk_bytes`` first sweeps (under a lock file) the
+least recently used pieces of every object until 80% of the bound, punching holes
+in the data files.  Memory is bounded by ``memory_bytes`` (an LRU of pieces per process), and the
 maps of the objects a process has open by :data:`_MAPPED_MAPS_BYTES`.
 """
 
@@ -55,6 +56,7 @@ import numpy as np
 from cachetools import LRUCache
 
 from cutfs.codec.byte_store import ByteStore
+from cutfs.codec.cache_usage import CacheUsage
 from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.object_store import ObjectStoreError
 from cutfs.codec.private_directory import private_directory
@@ -125,10 +127,8 @@ class CachingStore:
         self._files: OrderedDict[str, _ObjectFiles] = OrderedDict()
         self._closed = False
         self._mapped_bytes = 0
-        self._disk_estimate: int | None = None
-        #: Bytes this process has written into the cache so far (a sweep's count of what
-        #: is on disk misses what other threads write while it runs: it adds them back).
-        self._written_bytes = 0
+        #: What the directory holds, counted with every other process that uses it.
+        self._usage = CacheUsage(directory, self._present_bytes)
         self._counts = {"memory_hits": 0, "disk_hits": 0, "misses": 0, "corrupt_pieces": 0}
         self._counts |= {"evicted_pieces": 0, "sweeps": 0}
         self._in_flight: dict[tuple[str, int], _Fetch] = {}
@@ -243,6 +243,7 @@ class CachingStore:
             self._files.clear()
             self._mapped_bytes = 0
             self._memory.clear()
+        self._usage.close()
         self._inner.close()
 
     # --- pieces ---
@@ -458,39 +459,42 @@ class CachingStore:
 
     def _to_disk(self, name: str, key: str, first: int, data: bytes | memoryview) -> None:
         """Write the pieces from ``first`` on that ``data`` holds: the data in one write,
-        then their map entries (a piece is never marked before it is there)."""
+        then their map entries (a piece is never marked before it is there).
+
+        The bytes are counted (:class:`CacheUsage`) before they are written, and room is
+        made first where they would pass ``disk_bytes``, so that the directory never
+        holds more, whatever the number of processes writing into it and wherever one
+        is killed; as many leading pieces as there is room for are written."""
         if self._disk_bytes == 0:
             return
+        try:
+            granted = self._reserved(len(data))
+        except OSError:
+            return  # a failing cache disk costs fetches, not reads
+        if granted == 0:
+            return
+        data = data[:granted]
         piece_bytes = self._piece_bytes
         table = b"".join(
             _ENTRY.pack(zlib.crc32(data[start : start + piece_bytes]), _minute())
             for start in range(0, len(data), piece_bytes)
         )
-        with self._lock:
-            room = self._estimated_bytes() + len(data) <= self._disk_bytes
-        if not room:
-            # Room first: a worker killed at unmount just after a write (its sweep was to
-            # run next, in this thread) would leave the cache over its bound.
-            self.sweep()
         try:
             files = self._files_of(name, key)
             os.pwrite(files.data, data, first * piece_bytes)
             files.set_entries(first, table)
         except (OSError, ValueError):
+            with contextlib.suppress(OSError):
+                self._usage.add(-granted)
             return  # a full or failing cache disk costs fetches, not reads
-        with self._lock:
-            self._disk_estimate = self._estimated_bytes() + len(data)
-            self._written_bytes += len(data)
-            over = self._disk_estimate > self._disk_bytes
-        if over:
-            self.sweep()
 
-    def _estimated_bytes(self) -> int:
-        """What the cache directory holds, as this process knows it (counted from the maps
-        the first time; called with the lock held)."""
-        if self._disk_estimate is None:
-            self._disk_estimate = self._present_bytes()
-        return self._disk_estimate
+    def _reserved(self, size_bytes: int) -> int:
+        """How many of ``size_bytes`` (whole pieces) may be written: counted, after a sweep
+        where all of them would pass the bound."""
+        if self._usage.reserve(size_bytes, self._disk_bytes):
+            return size_bytes
+        self._sweep(needed_bytes=size_bytes)
+        return self._usage.reserve_some(size_bytes, self._disk_bytes, self._piece_bytes)
 
     def _present_bytes(self) -> int:
         total = 0
@@ -505,12 +509,18 @@ class CachingStore:
     def sweep(self) -> None:
         """Evict the least recently used pieces of every object in the directory until the
         cache holds at most 80% of ``disk_bytes`` (one process at a time)."""
+        self._sweep(needed_bytes=None)
+
+    def _sweep(self, needed_bytes: int | None) -> None:
+        """:meth:`sweep`; with ``needed_bytes``, only if they still do not fit once this
+        process has the sweep lock (another may have swept meanwhile)."""
         lock_path = os.path.join(self._directory, "sweep.lock")
         lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            with self._lock:
-                written_before = self._written_bytes
+            counted_before = self._usage.bytes()
+            if needed_bytes is not None and counted_before + needed_bytes <= self._disk_bytes:
+                return
             paths = self._map_files()
             tables = [_read_entries(path) for path in paths]
             minutes = np.concatenate([t[:, 1] for t in tables] or [np.zeros(0, np.uint32)])
@@ -528,9 +538,8 @@ class CachingStore:
             for owner in np.unique(owners[victims]):
                 chosen = numbers[victims[owners[victims] == owner]]
                 self._evict(paths[int(owner)], chosen)
+            self._usage.settle(counted_before, (len(present) - evict) * self._piece_bytes)
             with self._lock:
-                written_since = self._written_bytes - written_before
-                self._disk_estimate = (len(present) - evict) * self._piece_bytes + written_since
                 self._counts["sweeps"] += 1
                 self._counts["evicted_pieces"] += evict
         finally:

@@ -5,6 +5,7 @@ were damaged or torn on disk fetched again rather than served."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -131,6 +132,72 @@ def test_the_disk_stays_within_its_bound_and_keeps_the_recent_pieces(
         assert _inner_reads(store) == reads
         assert bytes(store.read("a.arrow", 0, 10)) == payload[:10]  # evicted: fetched again
         assert _inner_reads(store) == reads + 1
+
+
+_WRITE_WHEN_TOLD = """
+import json, sys
+from cutfs.codec.caching_store import CachingStore
+from cutfs.codec.local_store import LocalStore
+
+directory, cache, name, pieces = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+piece, bound = int(sys.argv[5]), int(sys.argv[6])
+store = CachingStore(LocalStore(directory), cache, "test://objects", piece_bytes=piece,
+                     disk_bytes=bound, memory_bytes=0)
+store.read(name, 0, 10)  # one piece on disk: the store has counted what the cache holds
+print("ready", flush=True)
+sys.stdin.readline()
+for number in range(1, pieces):
+    store.read(name, number * piece, number * piece + 10)
+print(json.dumps(store.counters()), flush=True)
+store.close()
+"""
+
+
+def test_processes_sharing_a_cache_directory_keep_to_one_bound(tmp_path: Path) -> None:
+    """Every process of a mount writes into one cache directory under one bound: what
+    the others wrote counts against it as much as its own (each process counted only
+    its own writes once, and the second of two writing in turn took the directory to
+    1.55 times the bound without sweeping)."""
+    directory = tmp_path / "objects"
+    directory.mkdir()
+    rng = random.Random(5)
+    for name in ("first.arrow", "second.arrow"):
+        (directory / name).write_bytes(rng.randbytes(60 * PIECE))
+    cache, bound = tmp_path / "cache", 40 * PIECE
+    writers = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", _WRITE_WHEN_TOLD, str(directory), str(cache), name, *sizes],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name, sizes in (
+            ("first.arrow", ("60", str(PIECE), str(bound))),
+            ("second.arrow", ("30", str(PIECE), str(bound))),
+        )
+    }
+    try:
+        for writer in writers.values():  # both have counted before either writes
+            assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+        sweeps = {}
+        for name, writer in writers.items():  # in turn: the first fills the cache
+            assert writer.stdin is not None and writer.stdout is not None
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
+            sweeps[name] = json.loads(writer.stdout.readline())["sweeps"]
+            assert writer.wait(timeout=60) == 0
+    finally:
+        for writer in writers.values():
+            writer.kill()
+            writer.wait()
+            for pipe in (writer.stdin, writer.stdout):
+                if pipe is not None:
+                    pipe.close()
+    data = [path for path in cache.iterdir() if path.suffix == ".data"]
+    assert len(data) == 2
+    assert sum(path.stat().st_blocks * 512 for path in data) <= bound
+    assert sweeps["first.arrow"] >= 1
+    assert sweeps["second.arrow"] >= 1  # 30 pieces of its own, but the first's count too
 
 
 def test_a_cache_directory_others_can_write_is_refused(
