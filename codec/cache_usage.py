@@ -8,11 +8,16 @@ in one 8-byte file of the directory, read and changed under ``flock``: a writer 
 the bytes it is about to write, and the reservation fails when it would pass the bound
 (the writer then sweeps, see :meth:`cutfs.codec.caching_store.CachingStore.sweep`).
 
-The count errs high, never low: a piece written again over itself is counted again, a
-write that failed after its reservation gives the bytes back, and each sweep makes the
-count again from what the maps mark present (:meth:`CacheUsage.settle`).  A count file
-that is new, short, or holds a value out of range (torn, or written by someone else) is
-counted again from the maps.
+The count errs high rather than low: a piece written again over itself is counted again,
+and a write that failed after its reservation gives the bytes back.  Each sweep makes the
+count again from what the maps mark present (:meth:`CacheUsage.settle`), plus what was
+reserved while it ran; a write reserved before the sweep began and marked in its map
+only after the sweep read that map is missed until the next sweep (at most one write,
+1 MiB, per writing thread, so the directory may pass the bound by that much for a
+while).  Tracking such writes in the count would need their owners: a process killed
+between reserving and marking would hold its bytes for good.  A count file that is new,
+short, or holds a value out of range (torn, or written by someone else) is counted again
+from the maps.
 """
 
 from __future__ import annotations

@@ -26,11 +26,12 @@ write of a few bytes into a page that is not in memory reads the page first).
 
 Processes of one mount (the decoder workers) share the directory: what one
 fetched, the others read.  The disk use is bounded: every process counts what it
-writes, before writing it, in one count of the directory (:mod:`cutfs.codec.cache_usage`),
-and one whose pieces would pass ``disk_bytes`` first sweeps (under a lock file) the
-least recently used pieces of every object until 80% of the bound, punching holes
-in the data files.  Memory is bounded by ``memory_bytes`` (an LRU of pieces per process), and the
-maps of the objects a process has open by :data:`_MAPPED_MAPS_BYTES`.
+writes, before writing it, in one count of the directory
+(:mod:`cutfs.codec.cache_usage`), and one whose pieces would pass ``disk_bytes`` first
+sweeps (under a lock file) the least recently used pieces of every object until 80% of
+the bound, punching holes in the data files.  Memory is bounded by ``memory_bytes`` (an
+LRU of pieces per process), and the maps of the objects a process has open by
+:data:`_MAPPED_MAPS_BYTES`.
 """
 
 from __future__ import annotations
@@ -462,9 +463,10 @@ class CachingStore:
         then their map entries (a piece is never marked before it is there).
 
         The bytes are counted (:class:`CacheUsage`) before they are written, and room is
-        made first where they would pass ``disk_bytes``, so that the directory never
-        holds more, whatever the number of processes writing into it and wherever one
-        is killed; as many leading pieces as there is room for are written."""
+        made first where they would pass ``disk_bytes``, so that the directory holds no
+        more whatever the number of processes writing into it and wherever one is killed
+        (but for writes under way while a sweep counts, see :mod:`cutfs.codec.cache_usage`);
+        as many leading pieces as there is room for are written."""
         if self._disk_bytes == 0:
             return
         try:
