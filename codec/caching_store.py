@@ -322,7 +322,11 @@ class CachingStore:
                 fetch.finish(exc)
                 self._forget_fetch(key, first, end, fetch)
                 continue
-            self._fetchers.submit(self._stream_run, name, key, (first, end), fetch, chunks)
+            try:
+                self._fetchers.submit(self._stream_run, name, key, (first, end), fetch, chunks)
+            except RuntimeError:  # closed meanwhile: no thread will fetch it
+                fetch.finish(ObjectStoreError("the piece cache was closed"))
+                self._forget_fetch(key, first, end, fetch)
 
     def _forget_fetch(self, key: str, first: int, end: int, fetch: _Fetch) -> None:
         with self._lock:
