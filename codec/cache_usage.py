@@ -14,8 +14,9 @@ count again from what the maps mark present (:meth:`CacheUsage.settle`), plus wh
 reserved while it ran; a write reserved before the sweep began and marked in its map
 only after the sweep read that map is missed until the next sweep (at most one write,
 1 MiB, per writing thread, so the directory may pass the bound by that much for a
-while).  Tracking such writes in the count would need their owners: a process killed
-between reserving and marking would hold its bytes for good.  A count file that is new,
+while).  Writers holding a shared ``flock`` on the sweep's lock file from reserving to
+marking would close that gap (the kernel drops the lock of a process that dies), at the
+price of every sweep waiting for the writes in flight; not done.  A count file that is new,
 short, or holds a value out of range (torn, or written by someone else) is counted again
 from the maps.
 """

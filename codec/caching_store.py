@@ -120,7 +120,8 @@ class CachingStore:
         # Network reads of 64 KiB (smaller ones cost more per byte than they save in
         # waiting), whole pieces each, handed on piece by piece.
         self._chunk_bytes = piece_bytes * max(_STREAM_CHUNK_BYTES // piece_bytes, 1)
-        self._disk_bytes = disk_bytes
+        # A bound smaller than a piece keeps nothing on disk (each write would sweep all).
+        self._disk_bytes = disk_bytes if disk_bytes >= piece_bytes else 0
         self._memory: LRUCache[tuple[str, int], bytes] = LRUCache(
             maxsize=memory_bytes, getsizeof=len
         )
@@ -260,9 +261,11 @@ class CachingStore:
             return found
         absent = self._from_disk_into(name, key, absent, found)
         if absent:
-            self._start_fetch(name, key, absent)
+            # Waited on by their fetches, not looked up again: a piece the caches could
+            # not keep (a cache smaller than the read) is still handed to this reader.
+            fetches = self._start_fetch(name, key, absent)
             for number in absent:
-                found[number] = self._await(name, key, number)
+                found[number] = fetches[number].piece(number, _AWAIT_SECONDS)
         return found
 
     def _from_memory(self, key: str, numbers: Iterable[int], found: dict[int, bytes]) -> list[int]:
@@ -295,20 +298,24 @@ class CachingStore:
         found |= from_disk
         return [number for number in numbers if number not in from_disk]
 
-    def _start_fetch(self, name: str, key: str, numbers: list[int]) -> None:
+    def _start_fetch(self, name: str, key: str, numbers: list[int]) -> dict[int, _Fetch]:
         """Fetch the pieces ``numbers`` not already being fetched: each run of them (runs
         closer than :data:`_MERGE_GAP_BYTES` joined) streamed by one request, the runs at
-        once, in the background."""
+        once, in the background.  Returns the fetch that brings each of ``numbers``."""
         with self._lock:
-            numbers = [n for n in numbers if (key, n) not in self._in_flight]
+            bringing = {
+                n: self._in_flight[(key, n)] for n in numbers if (key, n) in self._in_flight
+            }
+            numbers = [n for n in numbers if n not in bringing]
             if not numbers:
-                return
+                return bringing
             runs = _runs(numbers, gap=max(_MERGE_GAP_BYTES // self._piece_bytes, 0))
             fetches = []
             for first, end in runs:
                 fetch = _Fetch()
                 for number in range(first, end):
                     self._in_flight[(key, number)] = fetch
+                    bringing[number] = fetch
                 fetches.append((first, end, fetch))
         for first, end, fetch in fetches:
             try:
@@ -327,6 +334,7 @@ class CachingStore:
             except RuntimeError:  # closed meanwhile: no thread will fetch it
                 fetch.finish(ObjectStoreError("the piece cache was closed"))
                 self._forget_fetch(key, first, end, fetch)
+        return bringing
 
     def _forget_fetch(self, key: str, first: int, end: int, fetch: _Fetch) -> None:
         with self._lock:
@@ -375,20 +383,6 @@ class CachingStore:
             fetch.finish(exc)
         finally:
             self._forget_fetch(key, first, end, fetch)
-
-    def _await(self, name: str, key: str, number: int) -> bytes:
-        """A piece being fetched, once it is there; raises what the fetch failed with."""
-        with self._lock:
-            fetch = self._in_flight.get((key, number))
-            piece = self._memory.get((key, number))
-        if piece is not None:
-            return piece
-        if fetch is None:  # finished between the checks: it left the piece behind
-            found: dict[int, bytes] = {}
-            if not self._from_disk_into(name, key, [number], found):
-                return found[number]
-            raise ObjectStoreError("a fetched piece was not kept (cache too small?)", where=key)
-        return fetch.piece(number, _AWAIT_SECONDS)
 
     def _remember(self, key: str, number: int, piece: bytes) -> None:
         """Keep a piece in memory (caller holds the lock), if it fits at all."""
@@ -487,12 +481,20 @@ class CachingStore:
         )
         try:
             files = self._files_of(name, key)
-            os.pwrite(files.data, data, first * piece_bytes)
-            files.set_entries(first, table)
         except (OSError, ValueError):
             with contextlib.suppress(OSError):
                 self._usage.add(-granted)
             return  # a full or failing cache disk costs fetches, not reads
+        try:
+            os.pwrite(files.data, data, first * piece_bytes)
+            files.set_entries(first, table)
+        except (OSError, ValueError):
+            # Pieces whose entries could not be marked are freed: no sweep would find them.
+            with contextlib.suppress(OSError, ValueError):
+                _punch(files.data, first * piece_bytes, len(data))
+            with contextlib.suppress(OSError):
+                self._usage.add(-granted)
+            return
 
     def _reserved(self, size_bytes: int) -> int:
         """How many of ``size_bytes`` (whole pieces) may be written: counted, after a sweep
@@ -541,18 +543,22 @@ class CachingStore:
             keep = int(self._disk_bytes * _SWEEP_TARGET) // self._piece_bytes
             evict = max(len(present) - keep, 0)
             victims = present[np.argsort(minutes[present], kind="stable")[:evict]]
+            evicted = 0
             for owner in np.unique(owners[victims]):
                 chosen = numbers[victims[owners[victims] == owner]]
-                self._evict(paths[int(owner)], chosen)
-            self._usage.settle(counted_before, (len(present) - evict) * self._piece_bytes)
+                evicted += self._evict(paths[int(owner)], chosen)
+            self._usage.settle(counted_before, (len(present) - evicted) * self._piece_bytes)
             with self._lock:
                 self._counts["sweeps"] += 1
-                self._counts["evicted_pieces"] += evict
+                self._counts["evicted_pieces"] += evicted
         finally:
             os.close(lock)
 
-    def _evict(self, map_path: str, numbers: np.ndarray) -> None:
+    def _evict(self, map_path: str, numbers: np.ndarray) -> int:
+        """Unmark pieces ``numbers`` of an object and free their bytes; how many were
+        unmarked (a piece whose entry could not be cleared still counts as present)."""
         data_path = map_path[: -len(".map")] + ".data"
+        evicted = 0
         with contextlib.suppress(OSError):
             entries = os.open(map_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
             try:
@@ -563,10 +569,12 @@ class CachingStore:
             try:
                 for number in numbers.tolist():
                     os.pwrite(entries, _ENTRY.pack(0, 0), number * _ENTRY.size)
+                    evicted += 1
                     _punch(data, number * self._piece_bytes, self._piece_bytes)
             finally:
                 os.close(data)
                 os.close(entries)
+        return evicted
 
 
 class _ObjectFiles:

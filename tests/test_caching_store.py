@@ -200,6 +200,28 @@ def test_processes_sharing_a_cache_directory_keep_to_one_bound(tmp_path: Path) -
     assert sweeps["second.arrow"] >= 1  # 30 pieces of its own, but the first's count too
 
 
+def test_a_cache_too_small_for_one_piece_still_serves_every_read(
+    objects: tuple[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """Pieces that neither memory nor disk can keep are handed to their readers by the
+    fetch itself; a disk bound smaller than a piece keeps nothing on disk instead of
+    sweeping the whole directory before every write."""
+    directory, data = objects
+    with _cache(directory, tmp_path / "cache", disk_bytes=PIECE - 1, memory_bytes=0) as store:
+        payload = data["a.arrow"]
+        for number in range(0, 100, 5):
+            start = number * PIECE + 7
+            assert (
+                bytes(store.read("a.arrow", start, start + 2 * PIECE))
+                == payload[start : start + 2 * PIECE]
+            )
+        counters = store.counters()
+        assert counters["misses"] >= 20
+        assert counters["sweeps"] == 0
+    data = [path for path in (tmp_path / "cache").iterdir() if path.suffix == ".data"]
+    assert sum(path.stat().st_blocks for path in data) == 0
+
+
 def test_a_cache_directory_others_can_write_is_refused(
     objects: tuple[str, dict[str, bytes]], tmp_path: Path
 ) -> None:
