@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cutfs.codec.cache_usage import FILE_NAME as CACHE_USAGE_FILE
 from cutfs.codec.caching_store import CachingStore
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.local_store import LocalStore
@@ -198,6 +199,28 @@ def test_processes_sharing_a_cache_directory_keep_to_one_bound(tmp_path: Path) -
     assert sum(path.stat().st_blocks * 512 for path in data) <= bound
     assert sweeps["first.arrow"] >= 1
     assert sweeps["second.arrow"] >= 1  # 30 pieces of its own, but the first's count too
+
+
+def test_a_damaged_usage_count_is_counted_again_from_the_maps(
+    objects: tuple[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """The directory's shared count is data like any other: a count out of range (torn,
+    or written by someone else) is made again from the pieces the maps mark, not trusted."""
+    directory, data = objects
+    cache = tmp_path / "cache"
+    with _cache(directory, cache, disk_bytes=20 * PIECE) as store:
+        store.read("a.arrow", 0, 10 * PIECE)  # ten pieces on disk
+    counted = cache / CACHE_USAGE_FILE
+    assert int.from_bytes(counted.read_bytes(), "little", signed=True) == 10 * PIECE
+    counted.write_bytes((-5).to_bytes(8, "little", signed=True))
+    with _cache(directory, cache, disk_bytes=20 * PIECE, memory_bytes=0) as store:
+        payload = data["a.arrow"]
+        for number in range(10, 30):  # 20 more pieces: past the bound only if 10 are counted
+            start = number * PIECE
+            assert bytes(store.read("a.arrow", start, start + 10)) == payload[start : start + 10]
+        assert store.counters()["sweeps"] >= 1
+    allocated = sum(p.stat().st_blocks * 512 for p in cache.iterdir() if p.suffix == ".data")
+    assert allocated <= 20 * PIECE
 
 
 def test_a_cache_too_small_for_one_piece_still_serves_every_read(
