@@ -479,22 +479,17 @@ class CachingStore:
             _ENTRY.pack(zlib.crc32(data[start : start + piece_bytes]), _minute())
             for start in range(0, len(data), piece_bytes)
         )
+        files = None
         try:
             files = self._files_of(name, key)
-        except (OSError, ValueError):
-            with contextlib.suppress(OSError):
-                self._usage.add(-granted)
-            return  # a full or failing cache disk costs fetches, not reads
-        try:
             os.pwrite(files.data, data, first * piece_bytes)
             files.set_entries(first, table)
-        except (OSError, ValueError):
-            # Pieces whose entries could not be marked are freed: no sweep would find them.
-            with contextlib.suppress(OSError, ValueError):
-                _punch(files.data, first * piece_bytes, len(data))
+        except (OSError, ValueError):  # a full or failing cache disk costs fetches, not reads
+            if files is not None:  # pieces left unmarked are freed: no sweep would find them
+                with contextlib.suppress(OSError, ValueError):
+                    _punch(files.data, first * piece_bytes, len(data))
             with contextlib.suppress(OSError):
                 self._usage.add(-granted)
-            return
 
     def _reserved(self, size_bytes: int) -> int:
         """How many of ``size_bytes`` (whole pieces) may be written: counted, after a sweep
