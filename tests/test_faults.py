@@ -327,3 +327,75 @@ def test_rows_that_lie_fail_only_the_reads_they_reach(
     text = log.read_text()
     assert f"cut {lying_cut!r} lies outside its recording" in text
     assert f"recording {lying_recording}: its seek index points outside" in text
+
+
+def _serving_pids(mount: str) -> list[int]:
+    """The processes serving a mount that decodes in turn (not the daemon)."""
+    pids: list[int] = _stats(mount)["serving"]["pids"]  # type: ignore[assignment]
+    return pids[1:]
+
+
+def _published(
+    mount: str, condition: Callable[[dict[str, dict[str, int]]], bool]
+) -> dict[str, dict[str, int]]:
+    """The statistics once they show ``condition`` (each process publishes every second)."""
+    deadline = time.monotonic() + 10
+    while not condition(stats := _stats(mount)):
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.2)
+    return stats
+
+
+def test_decoding_in_turn_a_stalled_read_fails_at_the_deadline_and_a_crash_fails_only_its_read(
+    slow_storage: tuple[subprocess.Popen[bytes], str], tmp_path: Path
+) -> None:
+    storage_process, storage = slow_storage
+    options = ("--decode-in-turn", "--serving-processes", "2", "--read-timeout", "2")
+    log_file = tmp_path / "log"
+    # --direct-io: the kernel would retry a failed buffered read once, on another process.
+    with mounted(
+        storage, str(tmp_path / "mnt"), *options, "--direct-io", "--log-file", str(log_file)
+    ) as mount:
+        deadline = time.monotonic() + 30
+        while _stats(mount)["serving"]["ready"] < 3:
+            assert time.monotonic() < deadline, "the serving processes did not start"
+            time.sleep(0.1)
+        stalled_cut = os.path.join(mount, "cuts", "opus_mono_16k", "overlap-a.wav")
+        other_cut = os.path.join(mount, "cuts", "flac_mono_16k", "start.wav")
+        storage_process.send_signal(signal.SIGSTOP)
+        try:
+            # The process answering it is killed at the deadline, and the read fails EIO.
+            outcome = _in_thread(lambda: _read(stalled_cut), timeout=30)
+            assert isinstance(outcome, OSError) and outcome.errno == errno.EIO
+            assert "cuts" in os.listdir(mount)  # the other process answers meanwhile
+            stats = _published(mount, lambda stats: "deadline" in stats["errors"])
+            assert stats["errors"]["deadline"] == 1
+            assert stats["serving"]["restarts"] >= 1  # type: ignore[operator]
+            # A process dying mid-read (a decoder crash): its read fails EIO, not with the
+            # kernel's ECONNABORTED, and nothing else does.
+            before = _serving_pids(mount)
+            reader = threading.Thread(
+                target=lambda: outcomes.append(_in_thread(lambda: _read(other_cut), 60))
+            )
+            outcomes: list[bytes | BaseException] = []
+            reader.start()
+            time.sleep(0.5)  # the read reaches a process, which waits on the storage
+            for pid in before:
+                os.kill(pid, signal.SIGKILL)
+            reader.join(60)
+            (outcome,) = outcomes
+            assert isinstance(outcome, OSError) and outcome.errno == errno.EIO, outcome
+        finally:
+            storage_process.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while not set(_serving_pids(mount)).isdisjoint(before) or (
+            _stats(mount)["serving"]["ready"] < 3
+        ):
+            assert time.monotonic() < deadline, "the processes were not replaced"
+            time.sleep(0.2)
+        stats = _published(mount, lambda stats: "worker_died" in stats["errors"])
+        assert stats["errors"]["worker_died"] == 1
+        assert len(_read(stalled_cut)) == 44 + 2 * 10 * 48000
+        assert len(_read(other_cut)) > 44
+    text = log_file.read_text()
+    assert "for longer than its deadline" in text and "died answering a request" in text

@@ -217,3 +217,28 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_every_cut_is_exact_when_the_serving_processes_decode_in_turn(
+    tmp_path: Path, shard_dir: str, references: dict[str, Reference]
+) -> None:
+    options = ("--decode-in-turn", "--serving-processes", "2", "--cache-size", "48M")
+    with mounted(shard_dir, str(tmp_path / "mnt"), *options) as mnt:
+        # Two processes decode in turn, besides the daemon, which serves nothing itself.
+        _wait_for(mnt, lambda s: s["ready"] == 3, "both processes serve")
+        cuts = cut_plan(references)
+        lossless = {n: r.lossless for n, r in ((recording_id(n), r) for n, r in references.items())}
+        _drop_caches()
+        with ThreadPoolExecutor(max_workers=4) as readers:
+            contents = list(readers.map(lambda c: _read(cut_path(mnt, str(c["id"]))), cuts))
+        for cut, actual in zip(cuts, contents, strict=True):
+            expected = expected_file(cut, references)
+            assert close_enough(actual, expected, lossless[str(cut["recording"])]), cut["id"]
+        time.sleep(1.5)  # every process has published its figures since
+        stats = _stats(mnt)
+        by_process = stats["serving"]["requests_by_process"]
+        assert by_process[0] == 0 and sum(by_process[1:]) >= len(cuts), by_process
+        assert stats["errors"] == {}
+        # No decoder worker was asked: the daemon's one stands by, unused.
+        assert stats["workers"]["workers"] == 1 and stats["workers"]["busy"] == 0
+        assert stats["counters"]["decodes"] >= len({str(c["recording"]) for c in cuts})

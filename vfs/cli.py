@@ -226,11 +226,19 @@ def _parser() -> argparse.ArgumentParser:
     mount_parser.add_argument(
         "--serving-processes",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
         help="processes answering the mount's requests, each with its own event loop; "
         "more serve more requests a second on many cores (default 1; workers and "
-        "cache size are split among them)",
+        "cache size are split among them; with --decode-in-turn, the processes besides "
+        "the daemon, default: cores)",
+    )
+    mount_parser.add_argument(
+        "--decode-in-turn",
+        action="store_true",
+        help="serving processes decode what they serve themselves, one request at a "
+        "time, instead of handing it to decoder workers: the fewest hand-offs per cold "
+        "cut; the daemon keeps the read timeout and replaces a process that crashes",
     )
     mount_parser.add_argument(
         "--read-timeout",
@@ -806,6 +814,7 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
                 "mono",
                 "float32",
                 "allow_commands",
+                "decode_in_turn",
             )
             if key in flags and not has_value:
                 setattr(args, key, True)
@@ -854,7 +863,14 @@ def _mount(args: argparse.Namespace) -> int:
         cache_quota_bytes=args.index_cache_size,
         user=args.user,
         disk_cache_bytes=args.disk_cache_size,
-        serving_processes=args.serving_processes,
+        serving_processes=(
+            args.serving_processes
+            if args.serving_processes is not None
+            else (os.cpu_count() or 1)
+            if args.decode_in_turn
+            else 1
+        ),
+        decode_in_turn=args.decode_in_turn,
     )
     ready_fd: int | None = args.ready_fd
 

@@ -16,6 +16,11 @@ reader hanging, as a hung NFS server would.
 With ``workers=0`` decoding runs in trio worker threads in this process
 (tests, small mounts).  A thread stuck on storage cannot be killed: it is
 abandoned at the deadline.
+
+With a :class:`~cutfs.vfs.request_slot.RequestSlot` (``in_turn``) decoding runs
+in the caller itself, a serving process that answers one request at a time
+(``--decode-in-turn``): no hand-off at all.  The deadline is then the
+daemon's to keep, through the slot: it kills a process past it.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from cutfs.codec.library import Library, LibrarySpec
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
 from cutfs.codec.source_policy import SourcePolicy
+from cutfs.vfs.request_slot import RequestSlot
 from cutfs.vfs.serving_user import ServingUser, as_root
 from cutfs.vfs.statistics import Statistics
 
@@ -90,10 +96,15 @@ class DecodePool:
         *,
         policy: SourcePolicy | None = None,
         user: ServingUser | None = None,
+        in_turn: RequestSlot | None = None,
     ) -> None:
         """``policy`` is what the library was opened with; ``user``, when given, is
         whom the worker processes become before they open it (see
-        :mod:`cutfs.vfs.serving_user`)."""
+        :mod:`cutfs.vfs.serving_user`).  ``in_turn``: decode in the caller, and give
+        indexing its longer deadline through this slot (``workers`` must be 0)."""
+        if in_turn is not None and workers:
+            raise ValueError("a pool decoding in the caller has no workers")
+        self._in_turn = in_turn
         self._library = library
         self._deadline_seconds = deadline_seconds
         self._statistics = statistics or Statistics()
@@ -191,6 +202,10 @@ class DecodePool:
         return plan
 
     async def _run(self, request: _Request, deadline_seconds: float) -> tuple[Any, DecodeTrace]:
+        if self._in_turn is not None:
+            if deadline_seconds > self._deadline_seconds:
+                self._in_turn.allow(deadline_seconds)
+            return _answer(self._library, request, self._profile)
         if self._available is None:
             return await self._in_thread(request, deadline_seconds)
         return await self._in_worker(request, deadline_seconds)

@@ -35,6 +35,7 @@ import errno
 import fcntl
 import logging
 import os
+import select
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ import trio
 
 from cutfs.vfs.filesystem import ReadBuffers
 from cutfs.vfs.operations import Operations
+from cutfs.vfs.request_slot import RequestSlot
 
 log = logging.getLogger("cutfs.device_channel")
 
@@ -76,6 +78,10 @@ _INIT, _OPENDIR, _READDIR, _RELEASEDIR = 26, 27, 28, 29
 _INTERRUPT, _BATCH_FORGET, _READDIRPLUS = 36, 42, 44
 #: Requests the kernel sends without waiting for a reply.
 _NO_REPLY: Final = frozenset({_FORGET, _BATCH_FORGET, _INTERRUPT})
+
+#: How long a process serving in turn waits for a request before it lets its event loop
+#: run its other tasks (publishing statistics, releasing catalogue pages).
+_TURN_SECONDS: Final = 1.0
 
 _FOPEN_DIRECT_IO, _FOPEN_KEEP_CACHE, _FOPEN_NONSEEKABLE = 1, 2, 4
 
@@ -121,6 +127,17 @@ def clone_device(mount_fd: int) -> int:
         os.close(clone)
         raise
     return clone
+
+
+def fail_request(device_fd: int, unique: int, error: int) -> None:
+    """Answer request ``unique`` with ``-error`` on ``device_fd`` (the descriptor that read
+    it, or a copy of it), for a process that died or was killed answering it.  A request
+    that is gone (answered after all, or interrupted) is not an error."""
+    try:
+        os.write(device_fd, _OUT_HEADER.pack(_OUT_HEADER.size, -error, unique))
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENODEV):
+            raise
 
 
 def _seconds_split(seconds: float) -> tuple[int, int]:
@@ -250,6 +267,59 @@ class DeviceChannel:
                     break
                 nursery.start_soon(self._answer, request)
             nursery.cancel_scope.cancel()
+
+    async def serve_in_turn(self, slot: RequestSlot, deadline_seconds: float) -> None:
+        """Serve until the mount goes away, one request at a time, each to its end.
+
+        For a process that decodes what it serves (``--decode-in-turn``): a handler
+        that does not wait on anything runs straight through, so a request costs no
+        task, no hand-off and no wake-up of the event loop.  The process waits for the
+        device with an exclusive epoll, so that one request wakes one of the processes
+        waiting, and between requests (at least every second) lets the loop run its
+        other tasks.  ``slot`` tells the daemon which request is being answered, and
+        that it should be answered within ``deadline_seconds``.
+        """
+        waiting = select.epoll()
+        waiting.register(self._fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
+        next_turn = trio.current_time() + _TURN_SECONDS
+        try:
+            while True:
+                try:
+                    request = self._request_now()
+                except EOFError:
+                    return
+                if request is None:
+                    waiting.poll(_TURN_SECONDS)
+                elif request.opcode in _NO_REPLY:
+                    await self._answer(request)
+                else:
+                    slot.begin(request.unique, request.nodeid, deadline_seconds)
+                    try:
+                        await self._answer(request)
+                    finally:
+                        slot.end()
+                if request is None or trio.current_time() >= next_turn:
+                    await trio.lowlevel.checkpoint()
+                    next_turn = trio.current_time() + _TURN_SECONDS
+        finally:
+            waiting.close()
+
+    def _request_now(self) -> _Request | None:
+        """The next request if one is queued, None if not; EOFError once unmounted."""
+        try:
+            size = os.readv(self._fd, [self._buffer])
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:  # the request was interrupted
+                return None
+            if exc.errno == errno.ENODEV:
+                raise EOFError from None
+            raise
+        if size < _IN_HEADER.size:
+            log.error("short request of %d bytes from the FUSE device", size)
+            return None
+        return _Request.parse(bytes(memoryview(self._buffer)[:size]))
 
     async def _next_request(self) -> _Request | None:
         while True:

@@ -129,8 +129,12 @@ class MountOptions:
     #: The most bytes the piece cache of a source in object storage keeps on disk.
     disk_cache_bytes: int = DEFAULT_DISK_BYTES
     #: Processes answering the mount's requests, the daemon included (each its own event
-    #: loop; decoder workers and block cache are split among them).
+    #: loop; decoder workers and block cache are split among them).  With
+    #: ``decode_in_turn``, the processes besides the daemon, which then serves nothing.
     serving_processes: int = 1
+    #: Serving processes decode what they serve themselves, one request at a time, with
+    #: no decoder workers (see :meth:`DeviceChannel.serve_in_turn`).
+    decode_in_turn: bool = False
 
 
 def open_source(
@@ -256,7 +260,7 @@ def serve(
     _check_environment(mountpoint)
     remote = is_remote(shard_dir)
     user = _serving_user(options.user, None if remote else shard_dir)
-    if user is not None and options.workers == 0:
+    if user is not None and options.workers == 0 and not options.decode_in_turn:
         raise MountError(
             f"--workers 0 decodes in the daemon, which keeps root to unmount; reading as "
             f"{user.describe()} needs decoder workers (--workers 1 or more)",
@@ -289,21 +293,21 @@ def serve(
         stack.callback(library.close)
         kernel: dict[str, str] = {}
         servers: ServingProcesses | None = None
-        shared_dir = _shared_directory(stack, user) if options.serving_processes > 1 else None
+        # In turn, the daemon serves besides the processes only if none of them can.
+        processes = options.serving_processes + (1 if options.decode_in_turn else 0)
+        shared_dir = _shared_directory(stack, user) if processes > 1 else None
         serving = ServingStack.open(
             stack,
             library,
             mountpoint,
             options,
-            ProcessShare.of(options, options.serving_processes),
+            ProcessShare.of_daemon(options, processes),
             policy=policy,
             user=user,
             kernel=kernel,
             extra_status=lambda: {"serving": servers.describe()} if servers else {},
             board=(
-                StatisticsBoard(shared_board_path(shared_dir), 0, options.serving_processes)
-                if shared_dir
-                else None
+                StatisticsBoard(shared_board_path(shared_dir), 0, processes) if shared_dir else None
             ),
             shared_spans=shared_spans_path(shared_dir) if shared_dir else None,
             snapshot_dir=shared_snapshots_path(shared_dir) if shared_dir else None,
@@ -319,10 +323,11 @@ def serve(
                     policy,
                     user,
                     library.identity,
-                    options.serving_processes,
+                    processes,
                     shared_dir,
                     logging.getLogger().getEffectiveLevel(),
-                )
+                ),
+                serving.statistics,
             )
             stack.callback(servers.close)
         try:
@@ -396,7 +401,8 @@ async def _run(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal, serving_scope.cancel)
         if servers is not None:
-            nursery.start_soon(servers.watch)
+            if not servers.in_turn:
+                nursery.start_soon(servers.watch)  # in turn, _serve supervises them
             nursery.start_soon(publish_statistics, serving)
         nursery.start_soon(pool.watch)
         nursery.start_soon(tune_kernel)
@@ -425,6 +431,14 @@ async def _serve(
     if servers is not None:
         with as_root(user):
             servers.start(mount_fd)
+        if servers.in_turn:
+            with as_root(user):  # they are restarted as they were started
+                if await servers.supervise(mount_fd):
+                    return
+            log.error(
+                "no serving process is left (each died before it served): the daemon "
+                "serves the mount itself from now on, with one decoder worker"
+            )
     await channel.serve()
 
 

@@ -28,10 +28,12 @@ every second for the others to add up (:mod:`cutfs.vfs.statistics_board`).
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import logging.handlers
 import multiprocessing
 import os
+import select
 import signal
 import time
 from contextlib import ExitStack
@@ -46,9 +48,11 @@ import trio
 
 from cutfs.codec.mapped_table import release_mapped_pages
 from cutfs.codec.source_policy import SourcePolicy
-from cutfs.vfs.device_channel import DeviceChannel, clone_device
+from cutfs.vfs.device_channel import DeviceChannel, clone_device, fail_request
+from cutfs.vfs.request_slot import RequestSlot
 from cutfs.vfs.serving_stack import ProcessShare, ServingStack
 from cutfs.vfs.serving_user import ServingUser, acting_as
+from cutfs.vfs.statistics import Statistics
 from cutfs.vfs.statistics_board import StatisticsBoard
 
 if TYPE_CHECKING:
@@ -58,6 +62,8 @@ log = logging.getLogger("cutfs.serving_process")
 
 #: How often the daemon checks that its serving processes are alive.
 _WATCH_SECONDS: Final = 1.0
+#: How many times in a row a process decoding in turn may die before it serves.
+_TRIES_BEFORE_SERVING: Final = 3
 
 
 @dataclass(frozen=True)
@@ -118,12 +124,22 @@ class _Server:
         self.started = 0.0
         self._connection: Connection | None = None
         self._ready = False
+        #: In turn (``--decode-in-turn``): the process's descriptor, kept to answer its
+        #: request if it dies or is killed, and the slot saying which request that is.
+        self._device: int | None = None
+        self._slot: RequestSlot | None = None
+        #: A request seen past its deadline at the last check (acted on at the second).
+        self._overdue: int | None = None
+        #: How many times in a row the process died before it said it serves.
+        self.deaths_before_serving = 0
 
     def start(self, mount_fd: int, log_queue: Queue[logging.LogRecord]) -> None:
         context = multiprocessing.get_context("spawn")
         parent_end, child_end = context.Pipe()
+        in_turn = self._setup.options.decode_in_turn
         clone = clone_device(mount_fd)
         try:
+            slot = RequestSlot.create() if in_turn else None
             self.process = context.Process(
                 target=_serving_main,
                 args=(child_end, self._setup, self.index, log_queue),
@@ -133,11 +149,45 @@ class _Server:
             self.process.start()
             child_end.close()
             reduction.send_handle(parent_end, clone, self.process.pid)
-        finally:
+            if slot is not None:
+                reduction.send_handle(parent_end, slot.descriptor, self.process.pid)
+        except BaseException:
+            os.close(clone)
+            raise
+        if slot is None:
             os.close(clone)  # the child has its own copy
+        else:
+            self._device, self._slot = clone, slot
         self.started = time.monotonic()
         self._connection = parent_end
         self._ready = False
+        self._overdue = None
+
+    def overdue(self) -> tuple[int, int] | None:
+        """The request (unique number, inode) this process has answered past its deadline,
+        seen so at this check and the one before; None if there is none."""
+        current = self._slot.current() if self._slot is not None else None
+        if current is None or time.monotonic() < current[2]:
+            self._overdue = None
+            return None
+        unique, inode, _ = current
+        seen_before, self._overdue = self._overdue == unique, unique
+        return (unique, inode) if seen_before else None
+
+    def fail_current(self) -> tuple[int, int] | None:
+        """Answer ``EIO`` to the request a dead process was answering, if any (its
+        descriptor is then closed: the kernel ends what else it had read); the request's
+        unique number and inode, or None."""
+        current = self._slot.current() if self._slot is not None else None
+        if self._device is not None:
+            if current is not None:
+                fail_request(self._device, current[0], errno.EIO)
+            os.close(self._device)
+            self._device = None
+        if self._slot is not None:
+            self._slot.close()
+            self._slot = None
+        return None if current is None else (current[0], current[1])
 
     def ready(self) -> bool:
         """Whether the process has said it serves, since it was last started (no waiting)."""
@@ -161,15 +211,19 @@ class _Server:
             self._connection.close()
         self._connection = None
         self.process = None
+        self.fail_current()
 
 
 class ServingProcesses:
     """The daemon's extra serving processes: started after INIT, watched, stopped."""
 
-    def __init__(self, setup: ServingSetup) -> None:
+    def __init__(self, setup: ServingSetup, statistics: Statistics | None = None) -> None:
+        """``statistics``: where the daemon counts the requests it failed for processes
+        that decode in turn (missed deadlines, deaths)."""
         self._setup = setup
         self._servers = [_Server(index, setup) for index in range(1, setup.processes)]
         self._mount_fd: int | None = None
+        self._statistics = statistics or Statistics()
         self.restarts = 0
         context = multiprocessing.get_context("spawn")
         # The processes log through the daemon's handlers (syslog, a file, the journal).
@@ -177,6 +231,12 @@ class ServingProcesses:
         self._log_listener = logging.handlers.QueueListener(
             self._log_queue, *logging.getLogger().handlers, respect_handler_level=True
         )
+
+    @property
+    def in_turn(self) -> bool:
+        """Whether the processes decode in turn (the daemon then supervises them with
+        :meth:`supervise` instead of :meth:`watch`, and serves nothing itself)."""
+        return self._setup.options.decode_in_turn
 
     def start(self, mount_fd: int) -> None:
         """Start every process with a clone of ``mount_fd``; call once the kernel's INIT
@@ -201,28 +261,83 @@ class ServingProcesses:
         """Restart a process that died, unless it died young (it would only die again)."""
         while True:
             await trio.sleep(_WATCH_SECONDS)
-            for server in self._servers:
-                process = server.process
-                if process is None or process.is_alive() or self._mount_fd is None:
-                    continue
-                served = server.ready()  # before stop(): it reads the process's last words
+            self._check()
+
+    async def supervise(self, mount_fd: int) -> bool:
+        """Watch processes that decode in turn until the mount goes away (True) or none is
+        left to serve (False: every one died before it served).
+
+        They are watched four times as often as :meth:`watch` does: one past its
+        request's deadline is killed, and the request of one that died or was killed is
+        answered ``EIO``.  The daemon serves nothing itself meanwhile, so it learns of
+        the unmount from its own descriptor, which then polls as an error.
+        """
+        device = select.poll()
+        device.register(mount_fd, 0)  # only errors: requests are the processes' to take
+        while True:
+            await trio.sleep(_WATCH_SECONDS / 4)
+            if any(events & select.POLLERR for _, events in device.poll(0)):
+                return True
+            self._check()
+            if not any(server.process is not None for server in self._servers):
+                return False
+
+    def _check(self) -> None:
+        for server in self._servers:
+            process = server.process
+            if process is None or self._mount_fd is None:
+                continue
+            if process.is_alive() and not self._killed_overdue(server, process):
+                continue
+            failed = server.fail_current()
+            if failed is not None:
+                self._statistics.error("worker_died")
                 log.error(
-                    "serving process %d (pid %s) exited with status %s after %.0f s",
+                    "serving process %d died answering a request about inode %d: "
+                    "that request fails with EIO",
                     server.index,
-                    process.pid,
-                    process.exitcode,
-                    time.monotonic() - server.started,
+                    failed[1],
                 )
-                server.stop()
-                if not served:
-                    log.error(
-                        "serving process %d is not started again: it died before serving "
-                        "(the daemon goes on serving with the others)",
-                        server.index,
-                    )
-                    continue
-                self.restarts += 1
-                server.start(self._mount_fd, self._log_queue)
+            served = server.ready()  # before stop(): it reads the process's last words
+            log.error(
+                "serving process %d (pid %s) exited with status %s after %.0f s",
+                server.index,
+                process.pid,
+                process.exitcode,
+                time.monotonic() - server.started,
+            )
+            server.stop()
+            server.deaths_before_serving = 0 if served else server.deaths_before_serving + 1
+            # A process that died before it served would likely only die again; in turn,
+            # the daemon serves nothing itself, so it is tried a few times first.
+            tries = _TRIES_BEFORE_SERVING if self.in_turn else 1
+            if server.deaths_before_serving >= tries:
+                log.error(
+                    "serving process %d is not started again: it died before serving",
+                    server.index,
+                )
+                continue
+            self.restarts += 1
+            server.start(self._mount_fd, self._log_queue)
+
+    def _killed_overdue(self, server: _Server, process: BaseProcess) -> bool:
+        """Kill ``process`` if it is past its request's deadline; whether it was."""
+        overdue = server.overdue()
+        if overdue is None:
+            return False
+        log.error(
+            "serving process %d (pid %s) answered a request about inode %d for longer than "
+            "its deadline (storage not answering?): killing it; the request fails with EIO",
+            server.index,
+            process.pid,
+            overdue[1],
+        )
+        process.kill()
+        process.join(5)
+        # What it was answering fails as a missed deadline, not as a death.
+        if server.fail_current() is not None:
+            self._statistics.error("deadline")
+        return True
 
     def close(self) -> None:
         for server in self._servers:
@@ -242,8 +357,13 @@ def _serving_main(
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent()
     device = reduction.recv_handle(connection)
+    slot = (
+        RequestSlot.open(reduction.recv_handle(connection))
+        if setup.options.decode_in_turn
+        else None
+    )
     try:
-        _serve_clone(connection, setup, index, device)
+        _serve_clone(connection, setup, index, device, slot)
     except SystemExit:
         raise
     except BaseException:
@@ -252,7 +372,13 @@ def _serving_main(
         raise SystemExit(1) from None
 
 
-def _serve_clone(connection: Connection, setup: ServingSetup, index: int, device: int) -> None:
+def _serve_clone(
+    connection: Connection,
+    setup: ServingSetup,
+    index: int,
+    device: int,
+    slot: RequestSlot | None,
+) -> None:
     # Imported here, not at the top: the mount module imports this one to start the processes.
     from cutfs.vfs.mount import open_source  # noqa: PLC0415
 
@@ -282,12 +408,20 @@ def _serve_clone(connection: Connection, setup: ServingSetup, index: int, device
             board=StatisticsBoard(shared_board_path(setup.shared_dir), index, setup.processes),
             shared_spans=shared_spans_path(setup.shared_dir),
             snapshot_dir=shared_snapshots_path(setup.shared_dir),
+            in_turn=slot,
         )
         serving.pool.wait_ready()
         channel = DeviceChannel(device, serving.operations)
-        connection.send("ready")
-        with acting_as(setup.user):
-            trio.run(_serve, channel, serving)
+        if slot is not None:
+            # It decodes what it serves, so it keeps no id of root: the daemon unmounts.
+            if setup.user is not None:
+                setup.user.become()
+            connection.send("ready")
+            trio.run(_serve_in_turn, channel, serving, slot, options.read_timeout_seconds)
+        else:
+            connection.send("ready")
+            with acting_as(setup.user):
+                trio.run(_serve, channel, serving)
         log.info("the mount went away: serving process %d stops", index)
 
 
@@ -297,6 +431,16 @@ async def _serve(channel: DeviceChannel, serving: ServingStack) -> None:
         nursery.start_soon(release_catalogue_pages)
         nursery.start_soon(publish_statistics, serving)
         await channel.serve()
+        nursery.cancel_scope.cancel()
+
+
+async def _serve_in_turn(
+    channel: DeviceChannel, serving: ServingStack, slot: RequestSlot, deadline_seconds: float
+) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(release_catalogue_pages)
+        nursery.start_soon(publish_statistics, serving)
+        await channel.serve_in_turn(slot, deadline_seconds)
         nursery.cancel_scope.cancel()
 
 

@@ -23,6 +23,7 @@ from cutfs.vfs.filesystem import Filesystem
 from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.operations import Operations
 from cutfs.vfs.prometheus import render_metrics
+from cutfs.vfs.request_slot import RequestSlot
 from cutfs.vfs.serving_user import ServingUser
 from cutfs.vfs.snapshot_store import SnapshotStore
 from cutfs.vfs.statistics import Statistics
@@ -42,9 +43,17 @@ class ProcessShare:
     @classmethod
     def of(cls, options: MountOptions, processes: int) -> ProcessShare:
         """An even split of ``options`` among ``processes`` (at least one worker each,
-        unless the mount decodes in the daemon)."""
+        unless the mount decodes in the daemon).  Processes that decode in turn have no
+        workers."""
         workers = 0 if options.workers == 0 else max(1, -(-options.workers // processes))
-        return cls(workers, options.cache_bytes // processes)
+        return cls(0 if options.decode_in_turn else workers, options.cache_bytes // processes)
+
+    @classmethod
+    def of_daemon(cls, options: MountOptions, processes: int) -> ProcessShare:
+        """The daemon's part: as :meth:`of`, but with one decoder worker when the
+        processes decode in turn (the daemon serves only if none of them can)."""
+        share = cls.of(options, processes)
+        return cls(1, share.cache_bytes) if options.decode_in_turn else share
 
 
 @dataclass
@@ -82,6 +91,7 @@ class ServingStack:
         board: StatisticsBoard | None = None,
         shared_spans: str | None = None,
         snapshot_dir: str | None = None,
+        in_turn: RequestSlot | None = None,
     ) -> ServingStack:
         """Start the decoder workers and build the filesystem over ``library``.
 
@@ -91,6 +101,8 @@ class ServingStack:
         ``board``, the statistics shown add up every serving process's, and
         ``shared_spans`` is the time-range table they share and ``snapshot_dir``
         where they keep the snapshots of ``.cutfs/stats`` each open reads.
+        ``in_turn``: this process decodes in turn, watched through this slot (see
+        :class:`DecodePool`).
         """
         statistics = Statistics()
         pool = DecodePool(
@@ -101,6 +113,7 @@ class ServingStack:
             options.profile,
             policy=policy,
             user=user,
+            in_turn=in_turn,
         )
         stack.callback(pool.close)
         pool.start()  # the workers start while the tree is built

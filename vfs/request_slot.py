@@ -1,0 +1,94 @@
+"""The request a serving process that decodes in turn is answering, for the daemon to see.
+
+With ``--decode-in-turn`` each serving process answers one request at a time
+and decodes it itself (see :meth:`DeviceChannel.serve_in_turn`).  The daemon
+keeps the deadline for it, as it does for decoder workers: the process writes
+the request it is answering into a :class:`RequestSlot`, a few bytes of memory
+the two share, and the daemon, which holds a copy of the process's /dev/fuse
+descriptor, reads the slot.  A process past the slot's deadline is killed and
+its request answered ``EIO`` by the daemon; so is the request of a process that
+died (a decoder crash), instead of the ``ECONNABORTED`` the kernel would give.
+
+The slot holds the request's unique number, its inode and a deadline on the
+system's monotonic clock (the same in every process).  Writes are not atomic
+as a whole: the daemon acts only on a request it saw past its deadline twice,
+one watch interval apart, so a half-written slot is never acted on.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+import time
+from typing import Final
+
+_LAYOUT: Final = struct.Struct("<QQd")  # unique, inode, deadline (monotonic seconds)
+_UNIQUE = struct.Struct("<Q")
+_DEADLINE_OFFSET: Final = 16
+
+
+class RequestSlot:
+    """A few shared bytes: which request one serving process is answering, and until when.
+
+    Made by the daemon (:meth:`create`), handed to the process as a descriptor
+    (:meth:`descriptor`) and opened there (:meth:`open`).
+    """
+
+    def __init__(self, memory: mmap.mmap, descriptor: int | None = None) -> None:
+        self._memory = memory
+        self._descriptor = descriptor
+
+    @classmethod
+    def create(cls) -> RequestSlot:
+        """A new slot, between requests; :attr:`descriptor` is what to send the process."""
+        descriptor = os.memfd_create("cutfs-request", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(descriptor, _LAYOUT.size)
+            return cls(mmap.mmap(descriptor, _LAYOUT.size), descriptor)
+        except OSError:
+            os.close(descriptor)
+            raise
+
+    @classmethod
+    def open(cls, descriptor: int) -> RequestSlot:
+        """The slot behind a descriptor the daemon sent (closed here: the mapping stays)."""
+        try:
+            return cls(mmap.mmap(descriptor, _LAYOUT.size))
+        finally:
+            os.close(descriptor)
+
+    @property
+    def descriptor(self) -> int:
+        """The descriptor of the slot's memory, to send to the process (the slot's own)."""
+        if self._descriptor is None:
+            raise ValueError("only the slot the daemon created has a descriptor to send")
+        return self._descriptor
+
+    def begin(self, unique: int, inode: int, seconds: float) -> None:
+        """The process answers request ``unique`` (about ``inode``) within ``seconds``."""
+        # The deadline first: a reader that sees the new unique number sees its deadline.
+        struct.pack_into("<d", self._memory, _DEADLINE_OFFSET, time.monotonic() + seconds)
+        struct.pack_into("<QQ", self._memory, 0, unique, inode)
+
+    def allow(self, seconds: float) -> None:
+        """The current request may take ``seconds`` from now (indexing a recording)."""
+        struct.pack_into("<d", self._memory, _DEADLINE_OFFSET, time.monotonic() + seconds)
+
+    def end(self) -> None:
+        """The request is answered."""
+        _UNIQUE.pack_into(self._memory, 0, 0)
+
+    def current(self) -> tuple[int, int, float] | None:
+        """The request being answered, its inode and its deadline; None between requests."""
+        unique, inode, deadline = _LAYOUT.unpack_from(self._memory)
+        if unique == 0 or not math.isfinite(deadline):
+            return None
+        return unique, inode, deadline
+
+    def close(self) -> None:
+        self._memory.close()
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
