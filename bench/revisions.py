@@ -3,6 +3,7 @@
 throughput with 2 readers, each revision mounting in turn, round after round.
 
     sudo .venv/bin/python bench/revisions.py 78cb600 HEAD --rounds 2
+    sudo .venv/bin/python bench/revisions.py HEAD "HEAD:--decode-in-turn --serving-processes 2"
 
 Each revision is checked out into a temporary git worktree and mounts from there
 (``python -m cutfs.vfs.cli`` with the worktree as its directory, the packages of this
@@ -18,6 +19,7 @@ revisions: compare the ratios, each against soundfile in the same step.
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import subprocess
 import sys
@@ -39,7 +41,12 @@ from run import _uncached_throughput as uncached_throughput
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("revisions", nargs="+", help="git revisions (HEAD, a commit, a branch)")
+    parser.add_argument(
+        "revisions",
+        nargs="+",
+        help="git revisions (HEAD, a commit, a branch), each optionally followed by "
+        "':' and mount options ('HEAD:--decode-in-turn --serving-processes 2')",
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--recordings", nargs="+", default=["flac_2h", "opus_2h"])
     parser.add_argument("--work", type=Path, default=REPOSITORY / "bench" / "out")
@@ -49,8 +56,9 @@ def main() -> int:
     mountpoint.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[str, int, str, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="cutfs-revisions-") as scratch:
-        trees = {}
-        for revision in args.revisions:
+        trees: dict[str, tuple[Path, tuple[str, ...]]] = {}
+        for label in args.revisions:
+            revision, _, options = label.partition(":")
             tree = Path(scratch) / f"{len(trees)}"
             subprocess.run(
                 ["git", "worktree", "add", "--detach", str(tree), revision],
@@ -58,19 +66,21 @@ def main() -> int:
                 cwd=REPOSITORY,
                 capture_output=True,
             )
-            trees[revision] = tree
+            trees[label] = (tree, tuple(shlex.split(options)))
         try:
             for round_number in range(args.rounds):
-                for revision, tree in trees.items():
-                    rows += _cold(setup, tree, mountpoint, args.recordings, revision, round_number)
-                    for row in uncached_throughput(setup, repository=tree):
+                for revision, (tree, options) in trees.items():
+                    rows += _cold(
+                        setup, tree, options, mountpoint, args.recordings, revision, round_number
+                    )
+                    for row in uncached_throughput(setup, repository=tree, options=options):
                         ratio = row["cutfs_cuts_per_second"] / row["soundfile_cuts_per_second"]
                         name = f"uncached {row['recording']}"
                         rows.append((revision, round_number, name, ratio, 0.0))
                         print(f"bench: {revision} round {round_number} {name} {ratio:.2f}x")
         finally:
             _unmount(mountpoint)
-            for tree in trees.values():
+            for tree, _ in trees.values():
                 subprocess.run(
                     ["git", "worktree", "remove", "--force", str(tree)],
                     check=False,
@@ -84,6 +94,7 @@ def main() -> int:
 def _cold(
     setup: Setup,
     tree: Path,
+    options: tuple[str, ...],
     mountpoint: Path,
     recordings: list[str],
     revision: str,
@@ -94,7 +105,10 @@ def _cold(
     for rid in recordings:
         _unmount(mountpoint)
         subprocess.run(
-            [sys.executable, "-m", "cutfs.vfs.cli", "mount", str(setup.shards), str(mountpoint)],
+            [
+                *(sys.executable, "-m", "cutfs.vfs.cli", "mount", *options),
+                *(str(setup.shards), str(mountpoint)),
+            ],
             check=True,
             cwd=tree,
         )

@@ -408,18 +408,25 @@ async def _run(
         nursery.start_soon(tune_kernel)
         nursery.start_soon(report_indexing)
         nursery.start_soon(release_catalogue_pages)
-        on_ready()
-        _notify_systemd("READY=1")
+
+        def ready() -> None:
+            on_ready()
+            _notify_systemd("READY=1")
+
         with serving_scope:
-            await _serve(servers, serving, user)
+            await _serve(servers, serving, user, ready)
         nursery.cancel_scope.cancel()
 
 
 async def _serve(
-    servers: ServingProcesses | None, serving: ServingStack, user: ServingUser | None
+    servers: ServingProcesses | None,
+    serving: ServingStack,
+    user: ServingUser | None,
+    ready: Callable[[], None],
 ) -> None:
     """Serve through the mount's descriptor with a :class:`DeviceChannel`, and through
-    clones of it in the serving processes, if any.
+    clones of it in the serving processes, if any; ``ready`` is called once requests are
+    answered (when the processes decode in turn, once they serve).
 
     pyfuse3 mounted and will unmount, but its loop never runs (see
     :mod:`cutfs.vfs.device_channel` for why): the daemon answers the kernel's INIT
@@ -427,11 +434,15 @@ async def _serve(
     """
     mount_fd = mount_device_fd()
     channel = DeviceChannel(mount_fd, serving.operations)
+    if servers is None or not servers.in_turn:
+        ready()  # requests wait for the INIT answer, which comes next
     await channel.answer_init()
     if servers is not None:
         with as_root(user):
             servers.start(mount_fd)
         if servers.in_turn:
+            await servers.wait_ready(serving.pool.deadline_seconds)
+            ready()
             with as_root(user):  # they are restarted as they were started
                 if await servers.supervise(mount_fd):
                     return

@@ -247,6 +247,15 @@ class ServingProcesses:
             server.start(self._mount_fd, self._log_queue)
         log.info("started %d serving processes besides the daemon", len(self._servers))
 
+    async def wait_ready(self, seconds: float) -> None:
+        """Wait until every process serves, for at most ``seconds`` (then go on: the
+        ones that serve answer, and the rest are watched as usual)."""
+        with trio.move_on_after(seconds):
+            while not all(server.ready() for server in self._servers):
+                await trio.sleep(0.02)
+            return
+        log.warning("not every serving process was ready within %g s", seconds)
+
     def describe(self) -> dict[str, object]:
         return {
             "processes": self._setup.processes,
