@@ -133,6 +133,15 @@ def main() -> int:
         default=[1],
         help="mount once per count given (cutfs --serving-processes), e.g. 1 2",
     )
+    parser.add_argument(
+        "--in-turn",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="N",
+        help="also mount once per count given with N processes decoding in turn "
+        "(cutfs --decode-in-turn --serving-processes N), e.g. 2",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("run as root: cold starts drop the kernel page cache")
@@ -145,7 +154,10 @@ def main() -> int:
     mountpoint = args.work / "mnt"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     mounted_paths = [_cut_path(mountpoint, cut) for cut in cuts]
-    mounts = {_mount_name(n): n for n in args.serving_processes}
+    mounts = {
+        **{_mount_name(n, False): (n, False) for n in args.serving_processes},
+        **{_mount_name(n, True): (n, True) for n in args.in_turn},
+    }
     systems: dict[str, Callable[[], Any]] = {
         **{name: (lambda: MountedCuts(mounted_paths)) for name in mounts},
         "cutfs in-process": lambda: CutfsInProcess(str(setup.shards), [cut.cut_id for cut in cuts]),
@@ -157,7 +169,7 @@ def main() -> int:
     for _ in range(args.rounds):  # rounds alternate between systems: noise falls on all
         for system, make in systems.items():
             if system in mounts:
-                _mount(setup.shards, mountpoint, args.mount_workers, mounts[system])
+                _mount(setup.shards, mountpoint, args.mount_workers, *mounts[system])
             _drop_caches()
             row = _epoch(torch, make(), args.workers, args.batch_size, device)
             _unmount(mountpoint)
@@ -195,22 +207,28 @@ def _cut_path(mountpoint: Path, cut: Cut) -> str:
     return str(mountpoint / "cuts" / f"{cut.cut_id}.wav")
 
 
-def _mount_name(serving_processes: int) -> str:
+def _mount_name(serving_processes: int, in_turn: bool) -> str:
+    if in_turn:
+        return f"cutfs mount, {serving_processes} decoding in turn"
     if serving_processes == 1:
         return "cutfs mount"
     return f"cutfs mount, {serving_processes} serving processes"
 
 
-def _mount(shards: Path, mountpoint: Path, workers: int | None, serving_processes: int) -> None:
+def _mount(
+    shards: Path, mountpoint: Path, workers: int | None, serving_processes: int, in_turn: bool
+) -> None:
     _unmount(mountpoint)
     mountpoint.mkdir(parents=True, exist_ok=True)
-    options = ["--workers", str(workers)] if workers is not None else []
+    options = ["--workers", str(workers)] if workers is not None and not in_turn else []
     options += ["--serving-processes", str(serving_processes)]
+    options += ["--decode-in-turn"] if in_turn else []
     subprocess.run([*CUTFS, "mount", *options, str(shards), str(mountpoint)], check=True)
+    processes = serving_processes + (1 if in_turn else 0)  # in turn, besides the daemon
     deadline = time.monotonic() + 120
-    while serving_processes > 1:  # every serving process answers before the epoch starts
+    while processes > 1:  # every serving process answers before the epoch starts
         stats = json.loads((mountpoint / ".cutfs" / "stats").read_bytes())
-        if stats["serving"]["ready"] == serving_processes or time.monotonic() > deadline:
+        if stats["serving"]["ready"] == processes or time.monotonic() > deadline:
             break
         time.sleep(0.2)
 

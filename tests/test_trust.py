@@ -612,6 +612,47 @@ def test_a_root_daemon_reads_as_the_sources_owner(public: Path, corpus: dict[str
     assert not os.path.ismount(mountpoint)  # root again to unmount
 
 
+def _holds_fuse(pid: int) -> bool:
+    """Whether a process has a /dev/fuse descriptor (a serving process, not a decoder)."""
+    for descriptor in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{descriptor}") == "/dev/fuse":
+                return True
+        except FileNotFoundError:  # closed meanwhile
+            continue
+    return False
+
+
+def test_processes_decoding_in_turn_keep_no_id_of_root(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """They decode what others wrote in the process that holds a /dev/fuse descriptor:
+    they become the source's owner for good, as decoder workers do."""
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    options = ("--allow-other", "--decode-in-turn", "--serving-processes", "2")
+    with mounted(str(source), str(mountpoint), *options):
+        assert _read_as_other_user(mountpoint, "a.wav").returncode == 0
+        (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
+        children = [
+            int(child)
+            for child in Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split()
+        ]
+        serving = [
+            pid
+            for pid in children
+            if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text() and _holds_fuse(pid)
+        ]
+        assert len(serving) == 2
+        for process in serving:
+            uid, gid = _ids(process)
+            assert uid == [other_uid()] * 4 and gid == [other_gid()] * 4
+    assert not os.path.ismount(mountpoint)
+
+
 # -- bounded by configuration -------------------------------------------------------------------
 
 

@@ -12,7 +12,13 @@ process reads it first, so one mountpoint is served by N event loops.
 Faults: a serving process that dies fails only the requests it was
 answering (the kernel ends them with ``ECONNABORTED`` when its descriptor
 closes) and is started again, unless it died before it served (a fault of
-its set-up, which would only repeat: the others go on serving).  The
+its set-up, which would only repeat: the others go on serving).
+
+With ``--decode-in-turn`` the processes decode what they serve, one request
+at a time, and the daemon serves nothing after INIT: it keeps a copy of each
+process's descriptor and a :class:`~cutfs.vfs.request_slot.RequestSlot`, kills
+a process past its request's deadline and answers that request ``EIO``, as it
+does the request of a process that died (see :meth:`ServingProcesses.supervise`).  The
 daemon stops the processes when it unmounts; a process whose mount goes
 away stops by itself, and one whose daemon dies is ended by the kernel.
 
@@ -138,6 +144,7 @@ class _Server:
         parent_end, child_end = context.Pipe()
         in_turn = self._setup.options.decode_in_turn
         clone = clone_device(mount_fd)
+        slot: RequestSlot | None = None
         try:
             slot = RequestSlot.create() if in_turn else None
             self.process = context.Process(
@@ -153,6 +160,8 @@ class _Server:
                 reduction.send_handle(parent_end, slot.descriptor, self.process.pid)
         except BaseException:
             os.close(clone)
+            if slot is not None:
+                slot.close()
             raise
         if slot is None:
             os.close(clone)  # the child has its own copy
