@@ -31,13 +31,14 @@ version the channel negotiates (kernels since 5.2 offer it or later).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
 import os
 import select
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -46,6 +47,7 @@ import trio
 
 from cutfs.vfs.filesystem import ReadBuffers
 from cutfs.vfs.operations import Operations
+from cutfs.vfs.page_pusher import MOST_PUSH_BYTES, PagePusher
 from cutfs.vfs.request_slot import RequestSlot
 
 log = logging.getLogger("cutfs.device_channel")
@@ -214,6 +216,9 @@ class DeviceChannel:
         self._fd = device_fd
         self._operations = operations
         self._buffer = bytearray(_READ_BUFFER_BYTES)
+        #: Stores what a read's decode left cached past it in the kernel's page cache,
+        #: while the channel serves (see :mod:`cutfs.vfs.page_pusher`).
+        self._pusher: PagePusher | None = None
         os.set_blocking(device_fd, False)
         self._handlers: dict[int, Callable[[_Request], Awaitable[bytes | ReadBuffers]]] = {
             _LOOKUP: self._lookup,
@@ -260,13 +265,23 @@ class DeviceChannel:
 
     async def serve(self) -> None:
         """Serve until the mount goes away (the device then reads ``ENODEV``)."""
-        async with trio.open_nursery() as nursery:
-            while True:
-                request = await self._next_request()
-                if request is None:
-                    break
-                nursery.start_soon(self._answer, request)
-            nursery.cancel_scope.cancel()
+        with self._pushing():
+            async with trio.open_nursery() as nursery:
+                while True:
+                    request = await self._next_request()
+                    if request is None:
+                        break
+                    nursery.start_soon(self._answer, request)
+                nursery.cancel_scope.cancel()
+
+    @contextlib.contextmanager
+    def _pushing(self) -> Iterator[None]:
+        self._pusher = PagePusher(self._fd, self._operations.statistics)
+        try:
+            yield
+        finally:
+            self._pusher.close()
+            self._pusher = None
 
     async def serve_in_turn(self, slot: RequestSlot, deadline_seconds: float) -> None:
         """Serve until the mount goes away, one request at a time, each to its end.
@@ -282,7 +297,7 @@ class DeviceChannel:
         waiting = select.epoll()
         waiting.register(self._fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
         next_turn = trio.current_time() + _TURN_SECONDS
-        try:
+        with self._pushing(), contextlib.closing(waiting):
             while True:
                 try:
                     request = self._request_now()
@@ -301,8 +316,6 @@ class DeviceChannel:
                 if request is None or trio.current_time() >= next_turn:
                     await trio.lowlevel.checkpoint()
                     next_turn = trio.current_time() + _TURN_SECONDS
-        finally:
-            waiting.close()
 
     def _request_now(self) -> _Request | None:
         """The next request if one is queued, None if not; EOFError once unmounted."""
@@ -403,7 +416,15 @@ class DeviceChannel:
         # By inode, not by file handle: a file the kernel opened without asking
         # (Operations.open answered ENOSYS) has handle 0, and the handles of opens that
         # were answered are inodes.
-        return await self._operations.read(request.nodeid, offset, size)
+        buffers = await self._operations.read(request.nodeid, offset, size)
+        if self._pusher is not None and sum(len(buffer) for buffer in buffers) == size:
+            # Queued before the reply goes out: the reader's next read of the file
+            # then most likely finds its pages stored already.
+            after = offset + size
+            rest = self._operations.continuation(request.nodeid, after, MOST_PUSH_BYTES)
+            if rest:
+                self._pusher.push(request.nodeid, after, rest)
+        return buffers
 
     async def _release(self, request: _Request) -> bytes:
         (fh,) = _RELEASE_IN.unpack_from(request.body)

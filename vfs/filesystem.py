@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import errno
 import math
+import mmap
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
@@ -60,6 +61,8 @@ from cutfs.vfs.recordings_view import RecordingsView
 from cutfs.vfs.view import CUT_INODE_BASE, ROOT_INODE, AudioSpan, Entry, NodeKind, View
 from cutfs.vfs.windows_view import Windows, WindowsView
 
+#: The kernel's page size, the unit of what it keeps of a file.
+PAGE_BYTES: Final = mmap.PAGESIZE
 #: Recordings indexed at once when a manifest needs every length.
 _INDEXING_AT_ONCE: Final = 4
 #: How far past a read a decode may go, within the file: a whole cut of up to a
@@ -380,17 +383,57 @@ class Filesystem:
     ) -> ReadBuffers:
         """The bytes of the file, the samples not copied on their way from the cache to the
         reply where they need no conversion (a view of the cached block)."""
+        first, last = source.layout.frames_for_bytes(offset, size)
+        if last <= first:
+            return self._wav_buffers(source, offset, size, None)
+        frames = await self._samples(source, first, last, in_order)
+        return self._wav_buffers(source, offset, size, frames)
+
+    def _wav_buffers(
+        self, source: WavSource, offset: int, size: int, frames: np.ndarray | None
+    ) -> ReadBuffers:
+        """Bytes ``[offset, offset + size)`` of a WAV file, from the frames they cover
+        (None when they cover only the header)."""
         layout = source.layout
         end = min(offset + size, layout.size_bytes)
-        first, last = layout.frames_for_bytes(offset, size)
         header = layout.header()[offset:end] if offset < HEADER_BYTES else b""
-        if last <= first:
+        if frames is None:
             return [header]
-        data = self._format.encode(await self._samples(source, first, last, in_order))
+        first, _ = layout.frames_for_bytes(offset, size)
+        data = self._format.encode(frames)
         data_start = HEADER_BYTES + first * layout.frame_bytes
         skip = max(offset, HEADER_BYTES) - data_start
         samples = data[skip : skip + end - offset - len(header)]
         return [header, samples] if header else [samples]
+
+    def cached_continuation(self, inode: int, offset: int, most_bytes: int) -> ReadBuffers:
+        """The bytes of a WAV file from ``offset`` on, if the block cache holds all their
+        frames now: at most ``most_bytes``, ending at a page boundary or at the end of the
+        file; nothing (``[]``) otherwise.  Never decodes, indexes or waits.
+
+        A read decodes on to the end of its cut (see :meth:`_samples`), so after the
+        first read of a cut this is the rest of it, for the kernel's page cache (see
+        :class:`~cutfs.vfs.page_pusher.PagePusher`).
+        """
+        if offset < 0 or offset % PAGE_BYTES or self._kind(inode) is not NodeKind.WAV:
+            return []
+        source = self._known_wav_source(inode)
+        if source is None or self._format.resamples(source.shape.sample_rate):
+            return []
+        size_bytes = source.layout.size_bytes
+        end = min(size_bytes, offset + most_bytes)
+        if end < size_bytes:
+            end -= end % PAGE_BYTES  # the kernel keeps only whole pages, or the last one
+        first, last = source.layout.frames_for_bytes(offset, end - offset)
+        if end <= offset or last <= first:
+            return []
+        start = source.start_frame
+        frames = self._frames.cached_frames(source.recording_index, start + first, start + last)
+        if frames is None:
+            return []
+        if source.channels:
+            frames = frames[:, list(source.channels)]
+        return self._wav_buffers(source, offset, end - offset, frames)
 
     async def _samples(
         self, source: WavSource, first: int, last: int, in_order: bool = False

@@ -144,6 +144,11 @@ class Operations(pyfuse3.Operations):
         self._next_snapshot = secrets.randbelow(_SNAPSHOT_SERIALS)
         self._time_ns = time.time_ns()
 
+    @property
+    def statistics(self) -> Statistics:
+        """What this process counts, for ``.cutfs/stats``."""
+        return self._statistics
+
     @_errno_boundary
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
@@ -245,6 +250,20 @@ class Operations(pyfuse3.Operations):
         self._statistics.count("reads")
         self._statistics.count("read_bytes", sum(len(buffer) for buffer in buffers))
         return buffers
+
+    def continuation(self, inode: int, offset: int, most_bytes: int) -> ReadBuffers:
+        """What the kernel could keep of a file past a read that ended at ``offset``, from
+        what is cached now (see :meth:`Filesystem.cached_continuation`): nothing with
+        ``direct_io`` (reads bypass the kernel's cache), for the statistics' snapshots,
+        or when anything goes wrong (logged; the kernel then reads as usual)."""
+        if self._direct_io or inode & _SNAPSHOT_INODES:
+            return []
+        try:
+            return self._fs.cached_continuation(inode, offset, most_bytes)
+        except Exception:
+            self._statistics.error("internal")
+            log.exception("cannot gather the cached rest of inode %d", inode)
+            return []
 
     @_errno_boundary
     async def release(self, fh: int) -> None:

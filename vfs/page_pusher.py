@@ -1,0 +1,90 @@
+"""Putting the rest of a file into the kernel's page cache before it is asked for.
+
+A reader such as soundfile reads a 10 s cut in about four kernel reads (the
+readahead window grows 16 KB, 64 KB, 256 KB), while the first of them already
+decodes the whole cut into the block cache.  After answering it, the channel
+hands the cached rest of the file to a :class:`PagePusher`, which writes it to
+the FUSE device as a ``FUSE_NOTIFY_STORE`` notification: the kernel copies it
+into the file's pages, and the reads that would have asked for them find them
+there.  With several serving processes this also keeps a cut's later reads from
+reaching a process whose cache does not hold it.
+
+The kernel locks each page it stores into, and waits for a page locked by a
+read in flight, which only a serving loop can answer: so the pusher is a thread
+of its own, which may wait, and the loop never waits for it.  A push that
+cannot be queued (the queue is full) is dropped: the kernel then reads as
+usual.  Memory is bounded by the queue: each push holds views of cached blocks
+until it is written.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import queue
+import struct
+import threading
+from typing import Final
+
+from cutfs.vfs.filesystem import ReadBuffers
+from cutfs.vfs.statistics import Statistics
+
+log = logging.getLogger("cutfs.page_pusher")
+
+_OUT_HEADER = struct.Struct("<IiQ")  # len, notify code, unique (0: a notification)
+_STORE_OUT = struct.Struct("<QQII")  # nodeid, offset, size, padding
+_NOTIFY_STORE: Final = 4
+#: Pushes waiting to be written, at most (each a view of at most MOST_PUSH_BYTES).
+_QUEUE_LENGTH: Final = 16
+#: The most bytes one push puts into a file's pages.
+MOST_PUSH_BYTES: Final = 8 << 20
+
+
+class PagePusher:
+    """A thread writing ``FUSE_NOTIFY_STORE`` notifications to one device descriptor.
+
+    It counts in ``statistics`` the pushes written (``pages_pushed``, and their
+    ``pushed_bytes``) and those left out (``pushes_dropped``: the queue was full, or
+    the kernel refused it, having forgotten the inode).
+    """
+
+    def __init__(self, device_fd: int, statistics: Statistics) -> None:
+        self._fd = device_fd
+        self._queue: queue.Queue[tuple[int, int, ReadBuffers] | None] = queue.Queue(_QUEUE_LENGTH)
+        self._statistics = statistics
+        # Counted from this thread while the loop's thread reads the counters: their
+        # keys exist from the start, so that a reader never sees the dictionary grow.
+        for name in ("pages_pushed", "pushed_bytes", "pushes_dropped"):
+            statistics.count(name, 0)
+        self._thread = threading.Thread(target=self._run, name="cutfs-page-pusher", daemon=True)
+        self._thread.start()
+
+    def push(self, inode: int, offset: int, buffers: ReadBuffers) -> None:
+        """Have ``buffers`` stored as the bytes of ``inode`` from ``offset`` on (no wait)."""
+        try:
+            self._queue.put_nowait((inode, offset, buffers))
+        except queue.Full:
+            self._statistics.count("pushes_dropped")
+
+    def close(self) -> None:
+        """Stop the thread after the pushes queued (a push stuck on a page waits for
+        the read holding it, which the loop answers before it closes)."""
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            inode, offset, buffers = item
+            size = sum(len(buffer) for buffer in buffers)
+            header = _OUT_HEADER.pack(_OUT_HEADER.size + _STORE_OUT.size + size, _NOTIFY_STORE, 0)
+            try:
+                os.writev(self._fd, [header, _STORE_OUT.pack(inode, offset, size, 0), *buffers])
+            except OSError as exc:
+                self._statistics.count("pushes_dropped")
+                # ENOENT: the kernel forgot the inode; ENODEV: unmounted.
+                if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                    log.warning("cannot store pages of inode %d in the kernel: %s", inode, exc)
+                continue
+            self._statistics.count("pages_pushed")
+            self._statistics.count("pushed_bytes", size)
