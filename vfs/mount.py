@@ -443,9 +443,8 @@ async def _serve(
         if servers.in_turn:
             await servers.wait_ready(serving.pool.deadline_seconds)
             ready()
-            with as_root(user):  # they are restarted as they were started
-                if await servers.supervise(mount_fd):
-                    return
+            if await servers.supervise(mount_fd):
+                return
             log.error(
                 "no serving process is left (each died before it served): the daemon "
                 "serves the mount itself from now on, with one decoder worker"

@@ -57,7 +57,7 @@ from cutfs.codec.source_policy import SourcePolicy
 from cutfs.vfs.device_channel import DeviceChannel, clone_device, fail_request
 from cutfs.vfs.request_slot import RequestSlot
 from cutfs.vfs.serving_stack import ProcessShare, ServingStack
-from cutfs.vfs.serving_user import ServingUser, acting_as
+from cutfs.vfs.serving_user import ServingUser, acting_as, as_root
 from cutfs.vfs.statistics import Statistics
 from cutfs.vfs.statistics_board import StatisticsBoard
 
@@ -336,7 +336,11 @@ class ServingProcesses:
                 )
                 continue
             self.restarts += 1
-            server.start(self._mount_fd, self._log_queue)
+            # As at mount: a daemon acting as its user starts processes as root (they
+            # clone the device and open what the user may not), and they drop by
+            # themselves.  Only for the call: the daemon's other tasks go on as the user.
+            with as_root(self._setup.user if os.geteuid() != 0 else None):
+                server.start(self._mount_fd, self._log_queue)
 
     def _killed_overdue(self, server: _Server, process: BaseProcess) -> bool:
         """Kill ``process`` if it is past its request's deadline; whether it was."""
