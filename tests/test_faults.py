@@ -329,6 +329,12 @@ def test_rows_that_lie_fail_only_the_reads_they_reach(
     assert f"recording {lying_recording}: its seek index points outside" in text
 
 
+def _waits_for_requests(pid: int) -> bool:
+    """Whether a serving process is idle, waiting on its device (not on storage)."""
+    with open(f"/proc/{pid}/wchan") as wchan:
+        return "epoll" in wchan.read()
+
+
 def _serving_pids(mount: str) -> list[int]:
     """The processes serving a mount that decodes in turn (not the daemon)."""
     pids: list[int] = _stats(mount)["serving"]["pids"]  # type: ignore[assignment]
@@ -378,8 +384,20 @@ def test_decoding_in_turn_a_stalled_read_fails_at_the_deadline_and_a_crash_fails
                 target=lambda: outcomes.append(_in_thread(lambda: _read(other_cut), 60))
             )
             outcomes: list[bytes | BaseException] = []
+            # (the replacement of the process killed above may be stuck starting)
+            deadline = time.monotonic() + 20
+            while not (idle := [pid for pid in before if _waits_for_requests(pid)]):
+                assert time.monotonic() < deadline, "no process is waiting for requests"
+                time.sleep(0.05)
             reader.start()
-            time.sleep(0.5)  # the read reaches a process, which waits on the storage
+            # The read reaches a process, which then waits on storage: away from its
+            # device for half a second, it has long begun answering it.
+            deadline, busy_since = time.monotonic() + 20, None
+            while busy_since is None or time.monotonic() < busy_since + 0.5:
+                assert time.monotonic() < deadline, "the read never reached a process"
+                busy = not all(_waits_for_requests(pid) for pid in idle)
+                busy_since = (busy_since or time.monotonic()) if busy else None
+                time.sleep(0.05)
             for pid in before:
                 os.kill(pid, signal.SIGKILL)
             reader.join(60)

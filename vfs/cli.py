@@ -44,7 +44,7 @@ from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
 from cutfs.vfs.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
 from cutfs.vfs.manpage import render_manpage
-from cutfs.vfs.mount import ExitCode, MountError, MountOptions, serve
+from cutfs.vfs.mount import MAX_SERVING_PROCESSES, ExitCode, MountError, MountOptions, serve
 from cutfs.vfs.operations import Ownership
 
 log = logging.getLogger("cutfs")
@@ -231,7 +231,7 @@ def _parser() -> argparse.ArgumentParser:
         help="processes answering the mount's requests, each with its own event loop; "
         "more serve more requests a second on many cores (default 1; workers and "
         "cache size are split among them; with --decode-in-turn, the processes besides "
-        "the daemon, default: cores)",
+        "the daemon, default: the cores it may use)",
     )
     mount_parser.add_argument(
         "--decode-in-turn",
@@ -866,7 +866,7 @@ def _mount(args: argparse.Namespace) -> int:
         serving_processes=(
             args.serving_processes
             if args.serving_processes is not None
-            else (os.cpu_count() or 1)
+            else min(len(os.sched_getaffinity(0)), MAX_SERVING_PROCESSES)
             if args.decode_in_turn
             else 1
         ),

@@ -45,6 +45,7 @@ from typing import Any, Final
 import pyfuse3
 import trio
 
+from cutfs.vfs import kernel_tuning
 from cutfs.vfs.filesystem import ReadBuffers
 from cutfs.vfs.operations import Operations
 from cutfs.vfs.page_pusher import MOST_PUSH_BYTES, PagePusher
@@ -212,9 +213,15 @@ class DeviceChannel:
     process that runs the channel.
     """
 
-    def __init__(self, device_fd: int, operations: Operations) -> None:
+    def __init__(
+        self, device_fd: int, operations: Operations, mountpoint: str | None = None
+    ) -> None:
+        """``mountpoint``: where the mount is, to abort its connection if its page pusher
+        is stuck when the channel stops (see :meth:`PagePusher.close`); without it the
+        channel pushes no pages."""
         self._fd = device_fd
         self._operations = operations
+        self._mountpoint = mountpoint
         self._buffer = bytearray(_READ_BUFFER_BYTES)
         #: Stores what a read's decode left cached past it in the kernel's page cache,
         #: while the channel serves (see :mod:`cutfs.vfs.page_pusher`).
@@ -274,14 +281,33 @@ class DeviceChannel:
                     nursery.start_soon(self._answer, request)
                 nursery.cancel_scope.cancel()
 
+    def _seen_as(self) -> str:
+        """The mountpoint as the mount table shows it (symbolic links resolved), found
+        without a ``stat`` of the mountpoint itself, which would ask this process."""
+        assert self._mountpoint is not None
+        parent, name = os.path.split(os.path.abspath(self._mountpoint))
+        return os.path.join(os.path.realpath(parent), name)
+
     @contextlib.contextmanager
     def _pushing(self) -> Iterator[None]:
-        self._pusher = PagePusher(self._fd, self._operations.statistics)
+        device = None if self._mountpoint is None else kernel_tuning.device_of(self._seen_as())
+        if device is None:  # no way out for a stuck pusher: no pusher
+            yield
+            return
+        pusher = self._pusher = PagePusher(self._fd, self._operations.statistics)
         try:
             yield
         finally:
-            self._pusher.close()
             self._pusher = None
+            if not pusher.close():
+                aborted = kernel_tuning.abort_connection(device)
+                log.error(
+                    "pages were still being stored in the kernel as the mount stopped serving: %s",
+                    "its connection was aborted"
+                    if aborted
+                    else "the connection could not be aborted (is /sys/fs/fuse/connections "
+                    "mounted?): abort it there to free the mount",
+                )
 
     async def serve_in_turn(self, slot: RequestSlot, deadline_seconds: float) -> None:
         """Serve until the mount goes away, one request at a time, each to its end.

@@ -34,6 +34,19 @@ def device_of(mountpoint: str) -> tuple[int, int] | None:
     return device
 
 
+def abort_connection(device: tuple[int, int]) -> bool:
+    """Abort the FUSE connection of the mount on ``device`` (see :func:`device_of`), as
+    ``echo 1 > /sys/fs/fuse/connections/N/abort`` does: every request waiting ends with
+    an error and the mount reads "Transport endpoint is not connected".  Whether it
+    could (root, and the fusectl file system mounted where systemd mounts it)."""
+    try:
+        with open(f"/sys/fs/fuse/connections/{device[1]}/abort", "w") as abort:
+            abort.write("1")
+    except OSError:
+        return False
+    return True
+
+
 def apply(mountpoint: str, read_ahead_kb: int | None, max_background: int | None) -> dict[str, str]:
     """Apply the settings asked for; returns what happened to each, for the statistics."""
     report: dict[str, str] = {}

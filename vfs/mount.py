@@ -433,7 +433,7 @@ async def _serve(
     itself, before any clone exists.
     """
     mount_fd = mount_device_fd()
-    channel = DeviceChannel(mount_fd, serving.operations)
+    channel = DeviceChannel(mount_fd, serving.operations, serving.mountpoint)
     if servers is None or not servers.in_turn:
         ready()  # requests wait for the INIT answer, which comes next
     await channel.answer_init()

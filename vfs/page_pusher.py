@@ -11,7 +11,8 @@ reaching a process whose cache does not hold it.
 
 The kernel locks each page it stores into, and waits for a page locked by a
 read in flight, which only a serving loop can answer: so the pusher is a thread
-of its own, which may wait, and the loop never waits for it.  A push that
+of its own, which may wait, and the loop never waits for it.  At the end, a
+pusher still waiting so has the connection aborted (see :meth:`PagePusher.close`).  A push that
 cannot be queued (the queue is full) is dropped: the kernel then reads as
 usual.  Memory is bounded by the queue: each push holds views of cached blocks
 until it is written.
@@ -67,11 +68,24 @@ class PagePusher:
         except queue.Full:
             self._statistics.count("pushes_dropped")
 
-    def close(self) -> None:
-        """Stop the thread after the pushes queued (a push stuck on a page waits for
-        the read holding it, which the loop answers before it closes)."""
-        self._queue.put(None)
-        self._thread.join(timeout=5)
+    def close(self, timeout_seconds: float = 2.0) -> bool:
+        """Drop the pushes not yet written and stop the thread; whether it stopped within
+        ``timeout_seconds``.
+
+        It may not: a push waiting on a page that a read in flight holds waits until
+        that read is answered, and once the loop has stopped, nothing in this process
+        answers it.  The kernel then ends neither (the thread's write keeps the
+        descriptor open, and with it the connection, past the unmount): the caller
+        must abort the connection (:func:`cutfs.vfs.kernel_tuning.abort_connection`).
+        """
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._queue.put_nowait(None)  # only the loop's thread puts: there is room now
+        self._thread.join(timeout_seconds)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:

@@ -138,8 +138,11 @@ class _Server:
         self._overdue: int | None = None
         #: How many times in a row the process died before it said it serves.
         self.deaths_before_serving = 0
+        #: Processes killed and not reaped yet.
+        self._exited: list[BaseProcess] = []
 
     def start(self, mount_fd: int, log_queue: Queue[logging.LogRecord]) -> None:
+        self._reap()
         context = multiprocessing.get_context("spawn")
         parent_end, child_end = context.Pipe()
         in_turn = self._setup.options.decode_in_turn
@@ -207,20 +210,33 @@ class _Server:
             pass
         return self._ready
 
-    def stop(self) -> None:
-        if self.process is None:
+    def stop(self, wait: bool = True) -> None:
+        """End the process: asked to (SIGTERM) and waited for a few seconds, killed if
+        it does not end; with ``wait`` False, killed at once and reaped later (one stuck
+        in the kernel on storage ends only when the kernel lets go of it)."""
+        process = self.process
+        if process is None:
             return
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(5)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(5)
+        if process.is_alive() and wait:
+            process.terminate()
+            process.join(5)
+        if process.is_alive():
+            process.kill()
+            if wait:
+                process.join(5)
+        self._exited.append(process)
+        self._reap()
         if self._connection is not None:
             self._connection.close()
         self._connection = None
         self.process = None
         self.fail_current()
+
+    def _reap(self) -> None:
+        for process in list(self._exited):
+            if process.exitcode is not None:
+                process.close()
+                self._exited.remove(process)
 
 
 class ServingProcesses:
@@ -318,13 +334,15 @@ class ServingProcesses:
                 )
             served = server.ready()  # before stop(): it reads the process's last words
             log.error(
-                "serving process %d (pid %s) exited with status %s after %.0f s",
+                "serving process %d (pid %s) %s after %.0f s",
                 server.index,
                 process.pid,
-                process.exitcode,
+                "was killed"
+                if process.exitcode is None
+                else f"exited with status {process.exitcode}",
                 time.monotonic() - server.started,
             )
-            server.stop()
+            server.stop(wait=False)  # dead or killed: the watch must not wait on it
             server.deaths_before_serving = 0 if served else server.deaths_before_serving + 1
             # A process that died before it served would likely only die again; in turn,
             # the daemon serves nothing itself, so it is tried a few times first.
@@ -354,11 +372,12 @@ class ServingProcesses:
             process.pid,
             overdue[1],
         )
-        process.kill()
-        process.join(5)
-        # What it was answering fails as a missed deadline, not as a death.
-        if server.fail_current() is not None:
+        process.kill()  # it runs no more code: its request can be answered now
+        failed = server.fail_current()
+        if failed is not None and failed[0] == overdue[0]:
             self._statistics.error("deadline")
+        elif failed is not None:  # it had just gone on to another, which fails with it
+            self._statistics.error("worker_died")
         return True
 
     def close(self) -> None:
@@ -433,7 +452,7 @@ def _serve_clone(
             in_turn=slot,
         )
         serving.pool.wait_ready()
-        channel = DeviceChannel(device, serving.operations)
+        channel = DeviceChannel(device, serving.operations, setup.mountpoint)
         if slot is not None:
             # It decodes what it serves, so it keeps no id of root: the daemon unmounts.
             if setup.user is not None:

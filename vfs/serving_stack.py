@@ -69,6 +69,8 @@ class ServingStack:
     #: This process's sections of ``.cutfs/stats`` (cache, workers, store...), live.
     sections: Callable[[], dict[str, Any]]
     board: StatisticsBoard | None
+    #: Where the mount is (for its channel, see :class:`DeviceChannel`).
+    mountpoint: str
 
     def publish(self) -> None:
         """Publish this process's figures for the other serving processes, if any."""
@@ -163,4 +165,6 @@ class ServingStack:
             options.direct_io,
             SnapshotStore(snapshot_dir),
         )
-        return cls(library, pool, frames, filesystem, operations, statistics, sections, board)
+        return cls(
+            library, pool, frames, filesystem, operations, statistics, sections, board, mountpoint
+        )
