@@ -448,7 +448,7 @@ class DeviceChannel:
             # then most likely finds its pages stored already.
             after = offset + size
             rest = self._operations.continuation(request.nodeid, after, MOST_PUSH_BYTES)
-            if rest:
+            if rest is not None:
                 self._pusher.push(request.nodeid, after, rest)
         return buffers
 

@@ -406,34 +406,41 @@ class Filesystem:
         samples = data[skip : skip + end - offset - len(header)]
         return [header, samples] if header else [samples]
 
-    def cached_continuation(self, inode: int, offset: int, most_bytes: int) -> ReadBuffers:
+    def cached_continuation(
+        self, inode: int, offset: int, most_bytes: int
+    ) -> Callable[[], ReadBuffers] | None:
         """The bytes of a WAV file from ``offset`` on, if the block cache holds all their
         frames now: at most ``most_bytes``, ending at a page boundary or at the end of the
-        file; nothing (``[]``) otherwise.  Never decodes, indexes or waits.
+        file; None otherwise.  Never decodes, indexes or waits.
 
-        A read decodes on to the end of its cut (see :meth:`_samples`), so after the
-        first read of a cut this is the rest of it, for the kernel's page cache (see
-        :class:`~cutfs.vfs.page_pusher.PagePusher`).
+        What it returns makes the bytes when called, from frames taken from the cache
+        now: the conversion (an output format's float samples, a downmix) can run in
+        another thread, off the loop.  A read decodes on to the end of its cut (see
+        :meth:`_samples`), so after the first read of a cut this is the rest of it, for
+        the kernel's page cache (see :class:`~cutfs.vfs.page_pusher.PagePusher`).
         """
         if offset < 0 or offset % PAGE_BYTES or self._kind(inode) is not NodeKind.WAV:
-            return []
+            return None
         source = self._known_wav_source(inode)
         if source is None or self._format.resamples(source.shape.sample_rate):
-            return []
+            return None
         size_bytes = source.layout.size_bytes
         end = min(size_bytes, offset + most_bytes)
         if end < size_bytes:
             end -= end % PAGE_BYTES  # the kernel keeps only whole pages, or the last one
         first, last = source.layout.frames_for_bytes(offset, end - offset)
         if end <= offset or last <= first:
-            return []
+            return None
         start = source.start_frame
         frames = self._frames.cached_frames(source.recording_index, start + first, start + last)
         if frames is None:
-            return []
-        if source.channels:
-            frames = frames[:, list(source.channels)]
-        return self._wav_buffers(source, offset, end - offset, frames)
+            return None
+
+        def make() -> ReadBuffers:
+            chosen = frames[:, list(source.channels)] if source.channels else frames
+            return self._wav_buffers(source, offset, end - offset, chosen)
+
+        return make
 
     async def _samples(
         self, source: WavSource, first: int, last: int, in_order: bool = False

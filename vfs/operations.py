@@ -251,19 +251,21 @@ class Operations(pyfuse3.Operations):
         self._statistics.count("read_bytes", sum(len(buffer) for buffer in buffers))
         return buffers
 
-    def continuation(self, inode: int, offset: int, most_bytes: int) -> ReadBuffers:
+    def continuation(
+        self, inode: int, offset: int, most_bytes: int
+    ) -> Callable[[], ReadBuffers] | None:
         """What the kernel could keep of a file past a read that ended at ``offset``, from
         what is cached now (see :meth:`Filesystem.cached_continuation`): nothing with
         ``direct_io`` (reads bypass the kernel's cache), for the statistics' snapshots,
         or when anything goes wrong (logged; the kernel then reads as usual)."""
         if self._direct_io or inode & _SNAPSHOT_INODES:
-            return []
+            return None
         try:
             return self._fs.cached_continuation(inode, offset, most_bytes)
         except Exception:
             self._statistics.error("internal")
             log.exception("cannot gather the cached rest of inode %d", inode)
-            return []
+            return None
 
     @_errno_boundary
     async def release(self, fh: int) -> None:

@@ -14,8 +14,9 @@ read in flight, which only a serving loop can answer: so the pusher is a thread
 of its own, which may wait, and the loop never waits for it.  At the end, a
 pusher still waiting so has the connection aborted (see :meth:`PagePusher.close`).  A push that
 cannot be queued (the queue is full) is dropped: the kernel then reads as
-usual.  Memory is bounded by the queue: each push holds views of cached blocks
-until it is written.
+usual.  Memory is bounded by the queue: four pushes of at most 8 MiB of frames
+each (taken from the cache when queued, converted to the file's bytes in the
+thread), 32 MiB per serving process at most.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import queue
 import struct
 import threading
+from collections.abc import Callable
 from typing import Final
 
 from cutfs.vfs.filesystem import ReadBuffers
@@ -33,11 +35,14 @@ from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.page_pusher")
 
+#: An inode, the offset its bytes start at, and what makes them.
+_Push = tuple[int, int, Callable[[], ReadBuffers]]
+
 _OUT_HEADER = struct.Struct("<IiQ")  # len, notify code, unique (0: a notification)
 _STORE_OUT = struct.Struct("<QQII")  # nodeid, offset, size, padding
 _NOTIFY_STORE: Final = 4
-#: Pushes waiting to be written, at most (each a view of at most MOST_PUSH_BYTES).
-_QUEUE_LENGTH: Final = 16
+#: Pushes waiting to be written, at most (each holds at most MOST_PUSH_BYTES of frames).
+_QUEUE_LENGTH: Final = 4
 #: The most bytes one push puts into a file's pages.
 MOST_PUSH_BYTES: Final = 8 << 20
 
@@ -52,7 +57,7 @@ class PagePusher:
 
     def __init__(self, device_fd: int, statistics: Statistics) -> None:
         self._fd = device_fd
-        self._queue: queue.Queue[tuple[int, int, ReadBuffers] | None] = queue.Queue(_QUEUE_LENGTH)
+        self._queue: queue.Queue[_Push | None] = queue.Queue(_QUEUE_LENGTH)
         self._statistics = statistics
         # Counted from this thread while the loop's thread reads the counters: their
         # keys exist from the start, so that a reader never sees the dictionary grow.
@@ -61,10 +66,11 @@ class PagePusher:
         self._thread = threading.Thread(target=self._run, name="cutfs-page-pusher", daemon=True)
         self._thread.start()
 
-    def push(self, inode: int, offset: int, buffers: ReadBuffers) -> None:
-        """Have ``buffers`` stored as the bytes of ``inode`` from ``offset`` on (no wait)."""
+    def push(self, inode: int, offset: int, make: Callable[[], ReadBuffers]) -> None:
+        """Have the bytes ``make`` returns (called in the thread) stored as those of
+        ``inode`` from ``offset`` on; never waits."""
         try:
-            self._queue.put_nowait((inode, offset, buffers))
+            self._queue.put_nowait((inode, offset, make))
         except queue.Full:
             self._statistics.count("pushes_dropped")
 
@@ -89,7 +95,13 @@ class PagePusher:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            inode, offset, buffers = item
+            inode, offset, make = item
+            try:
+                buffers = make()
+            except Exception:  # a bug: the kernel reads as usual
+                log.exception("cannot make the pages of inode %d", inode)
+                self._statistics.count("pushes_dropped")
+                continue
             size = sum(len(buffer) for buffer in buffers)
             header = _OUT_HEADER.pack(_OUT_HEADER.size + _STORE_OUT.size + size, _NOTIFY_STORE, 0)
             try:
