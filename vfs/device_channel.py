@@ -344,7 +344,8 @@ class DeviceChannel:
                     next_turn = trio.current_time() + _TURN_SECONDS
 
     def _request_now(self) -> _Request | None:
-        """The next request if one is queued, None if not; EOFError once unmounted."""
+        """The next request if one is queued, None if not (another process took it, or
+        it was interrupted); EOFError once unmounted."""
         try:
             size = os.readv(self._fd, [self._buffer])
         except (BlockingIOError, InterruptedError):
@@ -361,24 +362,15 @@ class DeviceChannel:
         return _Request.parse(bytes(memoryview(self._buffer)[:size]))
 
     async def _next_request(self) -> _Request | None:
+        """The next request, waited for on the event loop; None once unmounted."""
         while True:
             await trio.lowlevel.wait_readable(self._fd)
             try:
-                size = os.readv(self._fd, [self._buffer])
-            except BlockingIOError:
-                continue  # another process took it
-            except InterruptedError:
-                continue
-            except OSError as exc:
-                if exc.errno == errno.ENOENT:  # the request was interrupted: read again
-                    continue
-                if exc.errno == errno.ENODEV:  # unmounted
-                    return None
-                raise
-            if size < _IN_HEADER.size:
-                log.error("short request of %d bytes from the FUSE device", size)
-                continue
-            return _Request.parse(bytes(memoryview(self._buffer)[:size]))
+                request = self._request_now()
+            except EOFError:
+                return None
+            if request is not None:
+                return request
 
     async def _answer(self, request: _Request) -> None:
         if request.opcode in _NO_REPLY:

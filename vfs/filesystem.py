@@ -432,7 +432,9 @@ class Filesystem:
         if end <= offset or last <= first:
             return None
         start = source.start_frame
-        frames = self._frames.cached_frames(source.recording_index, start + first, start + last)
+        frames = self._frames.cached_frames(
+            source.recording_index, start + first, start + last, for_read=False
+        )
         if frames is None:
             return None
 

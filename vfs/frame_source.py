@@ -187,16 +187,20 @@ class FrameSource:
         kept = [piece for piece in pieces if not span_first <= piece[0] < span_end]
         return [*kept, await self._decode(recording_index, span_first, span_end, in_order)]
 
-    def cached_frames(self, recording_index: int, first: int, end: int) -> Int16Array | None:
+    def cached_frames(
+        self, recording_index: int, first: int, end: int, *, for_read: bool = True
+    ) -> Int16Array | None:
         """Frames ``[first, end)`` if all of them are in the cache, else ``None``.
 
         Never waits: callers take this path first and pay for deadlines and
-        decoding only when it misses (and :meth:`frames` counts the miss).
+        decoding only when it misses (and :meth:`frames` counts the miss).  A hit
+        counts as one unless ``for_read`` is False (frames pushed ahead of reads).
         """
         pieces, gaps = self._cache.lookup(recording_index, first, end)
         if gaps:
             return None
-        self._cache.count(hit=True)
+        if for_read:
+            self._cache.count(hit=True)
         return self._joined(recording_index, pieces, first, end)
 
     def _joined(
