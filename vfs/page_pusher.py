@@ -51,8 +51,10 @@ class PagePusher:
     """A thread writing ``FUSE_NOTIFY_STORE`` notifications to one device descriptor.
 
     It counts in ``statistics`` the pushes written (``pages_pushed``, and their
-    ``pushed_bytes``) and those left out (``pushes_dropped``: the queue was full, or
-    the kernel refused it, having forgotten the inode).
+    ``pushed_bytes``) and those left out: ``pushes_dropped`` when the queue was full
+    (counted by the loop's thread), ``pushes_refused`` when the kernel refused one
+    (it had forgotten the inode) or its bytes could not be made (counted by the
+    pusher's; each counter has one writer, so no increment is lost).
     """
 
     def __init__(self, device_fd: int, statistics: Statistics) -> None:
@@ -61,7 +63,7 @@ class PagePusher:
         self._statistics = statistics
         # Counted from this thread while the loop's thread reads the counters: their
         # keys exist from the start, so that a reader never sees the dictionary grow.
-        for name in ("pages_pushed", "pushed_bytes", "pushes_dropped"):
+        for name in ("pages_pushed", "pushed_bytes", "pushes_dropped", "pushes_refused"):
             statistics.count(name, 0)
         self._thread = threading.Thread(target=self._run, name="cutfs-page-pusher", daemon=True)
         self._thread.start()
@@ -100,14 +102,14 @@ class PagePusher:
                 buffers = make()
             except Exception:  # a bug: the kernel reads as usual
                 log.exception("cannot make the pages of inode %d", inode)
-                self._statistics.count("pushes_dropped")
+                self._statistics.count("pushes_refused")
                 continue
             size = sum(len(buffer) for buffer in buffers)
             header = _OUT_HEADER.pack(_OUT_HEADER.size + _STORE_OUT.size + size, _NOTIFY_STORE, 0)
             try:
                 os.writev(self._fd, [header, _STORE_OUT.pack(inode, offset, size, 0), *buffers])
             except OSError as exc:
-                self._statistics.count("pushes_dropped")
+                self._statistics.count("pushes_refused")
                 # ENOENT: the kernel forgot the inode; ENODEV: unmounted.
                 if exc.errno not in (errno.ENOENT, errno.ENODEV):
                     log.warning("cannot store pages of inode %d in the kernel: %s", inode, exc)
