@@ -132,12 +132,14 @@ def clone_device(mount_fd: int) -> int:
     return clone
 
 
-def fail_request(device_fd: int, unique: int, error: int) -> None:
-    """Answer request ``unique`` with ``-error`` on ``device_fd`` (the descriptor that read
-    it, or a copy of it), for a process that died or was killed answering it.  A request
-    that is gone (answered after all, or interrupted) is not an error."""
+def write_reply(device_fd: int, unique: int, error: int, pieces: ReadBuffers) -> None:
+    """Answer request ``unique`` on ``device_fd`` (the descriptor that read it, or a copy
+    of it) with ``error`` (0, or minus an errno) and ``pieces``, gathered by one
+    ``writev``.  A request that is gone (interrupted, so its caller saw EINTR, or
+    answered already) or a mount that is gone is not an error; anything else raises."""
+    size = sum(len(piece) for piece in pieces)
     try:
-        os.write(device_fd, _OUT_HEADER.pack(_OUT_HEADER.size, -error, unique))
+        os.writev(device_fd, [_OUT_HEADER.pack(_OUT_HEADER.size + size, error, unique), *pieces])
     except OSError as exc:
         if exc.errno not in (errno.ENOENT, errno.ENODEV):
             raise
@@ -392,15 +394,10 @@ class DeviceChannel:
 
     def _reply(self, unique: int, error: int, body: bytes | ReadBuffers) -> None:
         """Answer a request; ``body`` in pieces is gathered by the one ``writev``."""
-        pieces = body if isinstance(body, list) else [body]
-        size = sum(len(piece) for piece in pieces)
-        header = _OUT_HEADER.pack(_OUT_HEADER.size + size, error, unique)
         try:
-            os.writev(self._fd, [header, *pieces])
+            write_reply(self._fd, unique, error, body if isinstance(body, list) else [body])
         except OSError as exc:
-            # ENOENT: the request was interrupted and is gone; the caller saw EINTR.
-            if exc.errno not in (errno.ENOENT, errno.ENODEV):
-                log.error("cannot reply to the kernel: %s", exc)
+            log.error("cannot reply to the kernel: %s", exc)
 
     async def _forget(self, request: _Request) -> None:
         if request.opcode == _FORGET:

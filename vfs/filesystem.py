@@ -385,21 +385,20 @@ class Filesystem:
         reply where they need no conversion (a view of the cached block)."""
         first, last = source.layout.frames_for_bytes(offset, size)
         if last <= first:
-            return self._wav_buffers(source, offset, size, None)
+            return self._wav_buffers(source, offset, size, first, None)
         frames = await self._samples(source, first, last, in_order)
-        return self._wav_buffers(source, offset, size, frames)
+        return self._wav_buffers(source, offset, size, first, frames)
 
     def _wav_buffers(
-        self, source: WavSource, offset: int, size: int, frames: np.ndarray | None
+        self, source: WavSource, offset: int, size: int, first: int, frames: np.ndarray | None
     ) -> ReadBuffers:
-        """Bytes ``[offset, offset + size)`` of a WAV file, from the frames they cover
-        (None when they cover only the header)."""
+        """Bytes ``[offset, offset + size)`` of a WAV file, from the frames they cover, from
+        frame ``first`` on (None when they cover only the header)."""
         layout = source.layout
         end = min(offset + size, layout.size_bytes)
         header = layout.header()[offset:end] if offset < HEADER_BYTES else b""
         if frames is None:
             return [header]
-        first, _ = layout.frames_for_bytes(offset, size)
         data = self._format.encode(frames)
         data_start = HEADER_BYTES + first * layout.frame_bytes
         skip = max(offset, HEADER_BYTES) - data_start
@@ -440,7 +439,7 @@ class Filesystem:
 
         def make() -> ReadBuffers:
             chosen = frames[:, list(source.channels)] if source.channels else frames
-            return self._wav_buffers(source, offset, end - offset, chosen)
+            return self._wav_buffers(source, offset, end - offset, first, chosen)
 
         return make
 

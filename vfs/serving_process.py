@@ -54,7 +54,7 @@ import trio
 
 from cutfs.codec.mapped_table import release_mapped_pages
 from cutfs.codec.source_policy import SourcePolicy
-from cutfs.vfs.device_channel import DeviceChannel, clone_device, fail_request
+from cutfs.vfs.device_channel import DeviceChannel, clone_device, write_reply
 from cutfs.vfs.request_slot import RequestSlot
 from cutfs.vfs.serving_stack import ProcessShare, ServingStack
 from cutfs.vfs.serving_user import ServingUser, acting_as, as_root
@@ -193,7 +193,7 @@ class _Server:
         current = self._slot.current() if self._slot is not None else None
         if self._device is not None:
             if current is not None:
-                fail_request(self._device, current[0], errno.EIO)
+                write_reply(self._device, current[0], -errno.EIO, [])
             os.close(self._device)
             self._device = None
         if self._slot is not None:
