@@ -131,7 +131,8 @@ def main() -> int:
         type=int,
         nargs="+",
         default=[1],
-        help="mount once per count given (cutfs --serving-processes), e.g. 1 2",
+        help="mount once per count given with event loops handing decodes to workers "
+        "(cutfs --no-decode-in-turn --serving-processes N), e.g. 1 2",
     )
     parser.add_argument(
         "--in-turn",
@@ -140,7 +141,7 @@ def main() -> int:
         default=[],
         metavar="N",
         help="also mount once per count given with N processes decoding in turn "
-        "(cutfs --decode-in-turn --serving-processes N), e.g. 2",
+        "(cutfs --serving-processes N, the default kind), e.g. 2",
     )
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -211,8 +212,8 @@ def _mount_name(serving_processes: int, in_turn: bool) -> str:
     if in_turn:
         return f"cutfs mount, {serving_processes} decoding in turn"
     if serving_processes == 1:
-        return "cutfs mount"
-    return f"cutfs mount, {serving_processes} serving processes"
+        return "cutfs mount, workers"
+    return f"cutfs mount, {serving_processes} loops, workers"
 
 
 def _mount(
@@ -222,7 +223,7 @@ def _mount(
     mountpoint.mkdir(parents=True, exist_ok=True)
     options = ["--workers", str(workers)] if workers is not None and not in_turn else []
     options += ["--serving-processes", str(serving_processes)]
-    options += ["--decode-in-turn"] if in_turn else []
+    options += ["--decode-in-turn"] if in_turn else ["--no-decode-in-turn"]
     subprocess.run([*CUTFS, "mount", *options, str(shards), str(mountpoint)], check=True)
     processes = serving_processes + (1 if in_turn else 0)  # in turn, besides the daemon
     deadline = time.monotonic() + 120

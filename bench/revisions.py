@@ -3,7 +3,7 @@
 throughput with 2 readers, each revision mounting in turn, round after round.
 
     sudo .venv/bin/python bench/revisions.py 78cb600 HEAD --rounds 2
-    sudo .venv/bin/python bench/revisions.py HEAD "HEAD:--decode-in-turn --serving-processes 2"
+    sudo .venv/bin/python bench/revisions.py HEAD "HEAD:--no-decode-in-turn"
 
 Each revision is checked out into a temporary git worktree and mounts from there
 (``python -m cutfs.vfs.cli`` with the worktree as its directory, the packages of this
@@ -45,7 +45,7 @@ def main() -> int:
         "revisions",
         nargs="+",
         help="git revisions (HEAD, a commit, a branch), each optionally followed by "
-        "':' and mount options ('HEAD:--decode-in-turn --serving-processes 2')",
+        "':' and mount options ('HEAD:--no-decode-in-turn')",
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--recordings", nargs="+", default=["flac_2h", "opus_2h"])

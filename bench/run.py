@@ -96,7 +96,7 @@ def main() -> int:
         results["bytes_per_cold_cut"] = _bytes_per_cut(setup, mounts)
     results["cold_scaling"] = _cold_scaling(setup)
     results["uncached_throughput"] = _uncached_throughput(setup)
-    results["uncached_throughput_in_turn"] = _uncached_throughput(setup, options=IN_TURN)
+    results["uncached_throughput_workers"] = _uncached_throughput(setup, options=WORKERS)
     results["catalogue"] = _catalogue(setup, [10_000, 100_000] + ([1_000_000] if args.full else []))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -663,7 +663,7 @@ def _bytes_per_cut(setup: Setup, mounts: Mounts) -> list[dict[str, Any]]:
 
 
 def _cold_scaling(setup: Setup) -> list[dict[str, Any]]:
-    """Cold cuts decoded per second with 1 and 2 decoder workers (and as many readers)."""
+    """Cold cuts decoded per second with 1 and 2 processes decoding in turn (4 readers)."""
     rows = []
     mountpoint = setup.work / "mnt" / "scaling"
     mountpoint.mkdir(parents=True, exist_ok=True)
@@ -675,7 +675,7 @@ def _cold_scaling(setup: Setup) -> list[dict[str, Any]]:
             [
                 *CUTFS,
                 "mount",
-                "--workers",
+                "--serving-processes",
                 str(workers),
                 "--cache-size",
                 "1M",
@@ -706,8 +706,8 @@ def _soundfile_loop(cuts: list[tuple[str, float]], seconds: float, seed: int) ->
     return done
 
 
-#: The mount options of the in-turn rows: two processes decoding what they serve.
-IN_TURN: Final = ("--decode-in-turn", "--serving-processes", "2")
+#: The mount options of the rows with decoder workers (the default decodes in turn).
+WORKERS: Final = ("--no-decode-in-turn",)
 
 
 def _counter(mountpoint: Path, name: str) -> int:
@@ -793,7 +793,7 @@ def _catalogue(setup: Setup, sizes: list[int]) -> list[dict[str, Any]]:
         _unmount(mountpoint)
         started = time.perf_counter()
         subprocess.run(
-            [*CUTFS, "mount", "--workers", "1", str(shards), str(mountpoint)],
+            [*CUTFS, "mount", "--serving-processes", "1", str(shards), str(mountpoint)],
             check=True,
             cwd=REPOSITORY,
         )
@@ -910,15 +910,15 @@ def _markdown(results: dict[str, Any]) -> str:
     ]
     lines += [
         "",
-        "## Cold decoding with 1 and 2 decoder workers (FLAC, 4 readers)",
+        "## Cold decoding with 1 and 2 processes decoding in turn (FLAC, 4 readers)",
         "",
-        "| workers | cold cuts/s |",
+        "| processes | cold cuts/s |",
         "|---|---|",
     ]
     lines += [f"| {r['workers']} | {r['cold_cuts_per_second']} |" for r in results["cold_scaling"]]
     for key, title in (
         ("uncached_throughput", "the mount (a 1 MB PCM cache, `--direct-io`)"),
-        ("uncached_throughput_in_turn", f"the same with `{' '.join(IN_TURN)}`"),
+        ("uncached_throughput_workers", f"the same with `{' '.join(WORKERS)}`"),
     ):
         lines += [
             "",

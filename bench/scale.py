@@ -405,7 +405,10 @@ def _mount_seconds(directory: Path, mountpoint: Path) -> float:
     subprocess.run(["sync"], check=True)
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
     started = time.perf_counter()
-    subprocess.run([*CUTFS, "mount", str(directory), str(mountpoint), "--workers", "1"], check=True)
+    subprocess.run(
+        [*CUTFS, "mount", str(directory), str(mountpoint), "--no-decode-in-turn", "--workers", "1"],
+        check=True,
+    )
     try:
         os.stat(mountpoint / "cuts")
         return round(time.perf_counter() - started, 2)
@@ -433,7 +436,10 @@ def _measure(directory: Path, mountpoint: Path, count: int) -> dict[str, Any]:
     subprocess.run(["sync"], check=True)
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
     started = time.perf_counter()
-    subprocess.run([*CUTFS, "mount", str(directory), str(mountpoint), "--workers", "2"], check=True)
+    subprocess.run(
+        [*CUTFS, "mount", str(directory), str(mountpoint), "--no-decode-in-turn", "--workers", "2"],
+        check=True,
+    )
     os.stat(mountpoint / "cuts")
     mount_seconds = time.perf_counter() - started
     try:
@@ -516,7 +522,15 @@ def _lookups_side_by_side(directories: dict[int, Path], work: Path) -> dict[int,
             mounts[count].mkdir(exist_ok=True)
             _cache_catalogue(directory)
             subprocess.run(
-                [*CUTFS, "mount", str(directory), str(mounts[count]), "--workers", "1"],
+                [
+                    *CUTFS,
+                    "mount",
+                    str(directory),
+                    str(mounts[count]),
+                    "--no-decode-in-turn",
+                    "--workers",
+                    "1",
+                ],
                 check=True,
             )
         rng = random.Random(0)

@@ -170,8 +170,8 @@ def _mounted(
 ) -> Iterator[None]:
     mountpoint.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [*CUTFS, "mount", "--serving-processes", str(processes), "--workers", str(workers),
-         "--cache-size", cache_size, str(shards), str(mountpoint)],
+        [*CUTFS, "mount", "--no-decode-in-turn", "--serving-processes", str(processes),
+         "--workers", str(workers), "--cache-size", cache_size, str(shards), str(mountpoint)],
         check=True,
     )  # fmt: skip
     try:

@@ -548,7 +548,7 @@ def mount(tmp_path_factory: pytest.TempPathFactory, shard_dir: str) -> Iterator[
     if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
         pytest.skip("needs /dev/fuse and fusermount3")
     mountpoint = str(tmp_path_factory.mktemp("mnt"))
-    with mounted(shard_dir, mountpoint, "--workers", "2", "--cache-size", "64M") as path:
+    with mounted(shard_dir, mountpoint, "--serving-processes", "2", "--cache-size", "64M") as path:
         yield path
 
 

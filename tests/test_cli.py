@@ -86,7 +86,7 @@ def test_the_committed_man_page_is_generated_from_the_parser() -> None:
 @needs_fuse
 @pytest.mark.mount
 def test_metrics_parse_as_prometheus_text(shard_dir: str, tmp_path: Path) -> None:
-    with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "1") as mountpoint:
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--serving-processes", "1") as mountpoint:
         with open(Path(mountpoint) / "cuts" / "flac_mono_16k" / "start.wav", "rb") as cut:
             assert len(cut.read()) > 44
         text = (Path(mountpoint) / ".cutfs" / "metrics").read_text()

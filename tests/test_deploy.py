@@ -64,7 +64,7 @@ def test_an_fstab_line_mounts_through_the_helper(shard_dir: str, tmp_path: Path)
         _mount_fstab_line(
             tmp_path,
             f"{shard_dir} {mountpoint} fuse.cutfs "
-            "ro,nosuid,nodev,cache_size=64M,workers=1,read_timeout=20,_netdev,nofail,"
+            "ro,nosuid,nodev,cache_size=64M,serving_processes=1,read_timeout=20,_netdev,nofail,"
             "x-systemd.automount 0 0\n",
         )
         assert is_mounted(str(mountpoint))
@@ -90,7 +90,7 @@ def test_an_fstab_line_mounts_shards_from_object_storage(
         _mount_fstab_line(
             tmp_path,
             f"{uri} {mountpoint} fuse.cutfs ro,cache_dir={tmp_path / 'cache'},"
-            "disk_cache_size=1G,workers=1,_netdev 0 0\n",
+            "disk_cache_size=1G,serving_processes=1,_netdev 0 0\n",
         )
         assert len(_read_cut(str(mountpoint))) == 44 + 2 * 40000
         with open(mountpoint / ".cutfs" / "stats", encoding="utf-8") as stats:
@@ -105,7 +105,15 @@ def test_mount_t_fuse_cutfs(shard_dir: str, tmp_path: Path) -> None:
     mountpoint.mkdir()
     try:
         result = subprocess.run(
-            ["mount", "-t", "fuse.cutfs", shard_dir, str(mountpoint), "-o", "ro,workers=1"],
+            [
+                "mount",
+                "-t",
+                "fuse.cutfs",
+                shard_dir,
+                str(mountpoint),
+                "-o",
+                "ro,serving_processes=1",
+            ],
             capture_output=True,
             text=True,
             timeout=60,
@@ -149,7 +157,7 @@ def test_an_unprivileged_user_mounts_through_fusermount3(
                 "-m",
                 "cutfs.vfs.cli",
                 "mount",
-                "--workers",
+                "--serving-processes",
                 "1",
                 public_shards,
                 str(mountpoint),

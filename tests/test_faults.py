@@ -101,6 +101,7 @@ def test_stalled_storage_fails_reads_at_the_deadline_and_serves_the_rest(
     with mounted(
         storage,
         str(tmp_path / "mnt"),
+        "--no-decode-in-turn",  # in turn: see the test of decoding in turn below
         "--workers",
         "1",
         "--read-timeout",
@@ -140,7 +141,7 @@ def test_stalled_storage_fails_reads_at_the_deadline_and_serves_the_rest(
 def test_a_hung_decoder_is_replaced_and_only_its_read_fails(shard_dir: str, tmp_path: Path) -> None:
     # --direct-io: the kernel retries a failed buffered read once (and the retry would reach
     # the new worker); direct reads show the first read's own outcome.
-    options = ("--workers", "1", "--read-timeout", "2", "--direct-io")
+    options = ("--no-decode-in-turn", "--workers", "1", "--read-timeout", "2", "--direct-io")
     with mounted(shard_dir, str(tmp_path / "mnt"), *options) as mount:
         expected = _read(os.path.join(mount, "cuts", "vorbis_mono_16k", "start.wav"))
         (worker,) = _decoder_pids(mount)
@@ -161,7 +162,8 @@ def test_a_hung_decoder_is_replaced_and_only_its_read_fails(shard_dir: str, tmp_
 def test_a_crashed_decoder_is_replaced_and_only_its_read_fails(
     shard_dir: str, tmp_path: Path
 ) -> None:
-    with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "2", "--direct-io") as mount:
+    options = ("--no-decode-in-turn", "--workers", "2", "--direct-io")
+    with mounted(shard_dir, str(tmp_path / "mnt"), *options) as mount:
         before = _decoder_pids(mount)
         assert len(before) == 2
         for pid in before:
@@ -196,7 +198,7 @@ def test_a_crashed_decoder_is_replaced_and_only_its_read_fails(
 def test_thousands_of_open_files_cost_the_daemon_no_descriptors(
     shard_dir: str, tmp_path: Path
 ) -> None:
-    with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "1") as mount:
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--serving-processes", "1") as mount:
         daemon = int(
             subprocess.run(
                 ["pgrep", "-f", f"cutfs.vfs.cli .*{mount}"],
@@ -356,7 +358,7 @@ def test_decoding_in_turn_a_stalled_read_fails_at_the_deadline_and_a_crash_fails
     slow_storage: tuple[subprocess.Popen[bytes], str], tmp_path: Path
 ) -> None:
     storage_process, storage = slow_storage
-    options = ("--decode-in-turn", "--serving-processes", "2", "--read-timeout", "2")
+    options = ("--serving-processes", "2", "--read-timeout", "2")
     log_file = tmp_path / "log"
     # --direct-io: the kernel would retry a failed buffered read once, on another process.
     with mounted(

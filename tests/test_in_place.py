@@ -61,7 +61,7 @@ def lhotse_in_place(
     cache = str(tmp_path_factory.mktemp("index-cache"))
     mountpoint = str(tmp_path_factory.mktemp("in-place"))
     source = os.path.dirname(lhotse_manifests[0])
-    options = ("--cache-dir", cache, "--workers", "2", *allow_corpus(corpus))
+    options = ("--cache-dir", cache, "--serving-processes", "2", *allow_corpus(corpus))
     with mounted(source, mountpoint, *options) as path:
         yield path, cache
 

@@ -264,7 +264,12 @@ def test_corrupt_data_fails_that_read_only(
 ) -> None:
     log_file = tmp_path / "cutfs.log"
     with mounted(
-        corrupt_shard_dir, str(tmp_path / "mnt"), "--workers", "1", "--log-file", str(log_file)
+        corrupt_shard_dir,
+        str(tmp_path / "mnt"),
+        "--serving-processes",
+        "1",
+        "--log-file",
+        str(log_file),
     ) as mount:
         path = os.path.join(mount, "recordings", "flac_mono_16k.wav")
         assert os.stat(path).st_size > 44  # stat needs no decoding and still works
@@ -285,7 +290,8 @@ def _foreground_daemon(shard_dir: str, mountpoint: str, stderr: int) -> subproce
     """``cutfs mount --foreground`` as a child, returned once the mount answers."""
     os.mkdir(mountpoint)
     daemon = subprocess.Popen(
-        [*CUTFS, "mount", "--foreground", "--workers", "0", shard_dir, mountpoint], stderr=stderr
+        [*CUTFS, "mount", "--foreground", "--serving-processes", "1", shard_dir, mountpoint],
+        stderr=stderr,
     )
     try:
         _wait_until(lambda: is_mounted(mountpoint) and bool(os.listdir(mountpoint)))
@@ -322,8 +328,11 @@ def test_a_killed_daemon_leaves_a_stale_mount_that_the_next_mount_clears(
     mountpoint = str(tmp_path / "mnt")
     daemon = _foreground_daemon(shard_dir, mountpoint, subprocess.DEVNULL)
     try:
+        children = Path(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read_text().split()
+        assert children  # the processes serving in turn, which end with it
         daemon.kill()
         daemon.wait()
+        _wait_until(lambda: all(_ended(pid) for pid in children))
         with pytest.raises(OSError) as raised:
             os.listdir(mountpoint)
         assert raised.value.errno == errno.ENOTCONN
@@ -361,6 +370,14 @@ def test_mounting_over_a_live_mount_is_refused(mount: str, shard_dir: str) -> No
     assert result.returncode == 4
     assert "already a mounted FUSE filesystem" in result.stderr
     assert sorted(os.listdir(mount)) == ROOT_LISTING
+
+
+def _ended(pid: str) -> bool:
+    """Whether a process is gone, or a zombie (its descriptors closed)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def _wait_until(condition: object, timeout: float = 60.0) -> None:
@@ -433,7 +450,7 @@ def test_kernel_settings_are_applied_when_asked_and_reported(
         str(tmp_path / "mnt"),
         "-o",
         "read_ahead_kb=512,max_background=32",
-        "--workers",
+        "--serving-processes",
         "1",
     ) as mount:
         device = kernel_tuning.device_of(mount)
@@ -451,7 +468,7 @@ def test_kernel_settings_are_applied_when_asked_and_reported(
 def test_a_root_daemon_reads_a_short_cut_in_one_request_by_default(
     shard_dir: str, tmp_path: Path
 ) -> None:
-    with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "1") as mount:
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--serving-processes", "1") as mount:
         kernel = _kernel_settings(mount)
         assert kernel["read_ahead_kb"].startswith("set to 1024")
         path = os.path.join(mount, "cuts", "flac_mono_16k", "overlap-a.wav")  # 320 044 bytes
@@ -479,7 +496,7 @@ def test_the_rest_of_a_cut_reaches_the_page_cache_with_its_first_read(
         if not any(r == span[0] and s < span[2] and span[1] < e for r, s, e in spans):
             cuts.append(cut)
         spans.append(span)
-    with mounted(shard_dir, str(tmp_path / "mnt"), "--workers", "1") as mount:
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--serving-processes", "1") as mount:
         before = _counters(mount)
         contents = {}
         for cut in cuts:  # a fresh mount: none of their pages is cached yet

@@ -116,7 +116,9 @@ def test_pack_to_gs_and_a_mount_from_it_serve_what_the_local_ones_do(
             local = (Path(shard_dir) / name).read_bytes()
             assert server.get(BUCKET, f"from-pack/{name}") == local, name
     cache = str(tmp_path / "cache")
-    with mounted(packed_uri, str(tmp_path / "mnt"), "--cache-dir", cache, "--workers", "2") as mnt:
+    with mounted(
+        packed_uri, str(tmp_path / "mnt"), "--cache-dir", cache, "--serving-processes", "2"
+    ) as mnt:
         assert_same_files(mnt, mount)
         assert _stats(mnt)["shards"]["directory"] == packed_uri.split("?", maxsplit=1)[0] + "/"
 
@@ -125,7 +127,14 @@ def test_pack_to_gs_and_a_mount_from_it_serve_what_the_local_ones_do(
 def test_a_cold_cut_costs_one_get(packed_uri: str, shard_dir: str, tmp_path: Path) -> None:
     with ShardSet(shard_dir) as shards:
         cuts = [(shards.cut_ids[i], shards.cut_recording(i)) for i in range(shards.num_cuts)]
-    options = ("--cache-dir", str(tmp_path / "cache"), "--workers", "1", "--cache-size", "1M")
+    options = (
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--serving-processes",
+        "1",
+        "--cache-size",
+        "1M",
+    )
     touched: set[int] = set()
     with mounted(packed_uri, str(tmp_path / "mnt"), *options) as mnt:
         for cut_id, recording in cuts:
@@ -155,7 +164,9 @@ def test_a_shard_rewritten_under_a_mount_fails_its_reads_and_the_next_mount(
             shards.cut_ids[i] for i in range(shards.num_cuts) if shards.cut_recording(i) == 0
         )
     cache = str(tmp_path / "cache")
-    with mounted(uri, str(tmp_path / "mnt"), "--cache-dir", cache, "--workers", "1") as mnt:
+    with mounted(
+        uri, str(tmp_path / "mnt"), "--cache-dir", cache, "--serving-processes", "1"
+    ) as mnt:
         # The same bytes under a new generation: only the pinned generation tells.
         server.put(BUCKET, f"rewritten/{name}", (Path(shard_dir) / name).read_bytes())
         with pytest.raises(OSError) as failure, open(cut_path(mnt, victim), "rb") as cut:
@@ -309,7 +320,7 @@ def test_recordings_in_object_storage_are_served_in_place_from_allowed_prefixes_
     assert "not beneath the object prefixes allowed (none)" in refused.stderr
     assert "--allow-objects" in refused.stderr
     allowed = ("--allow-objects", f"{scheme}://{BUCKET}/audio/", "--cache-dir", cache)
-    with mounted(str(source), str(tmp_path / "mnt"), *allowed, "--workers", "2") as mnt:
+    with mounted(str(source), str(tmp_path / "mnt"), *allowed, "--serving-processes", "2") as mnt:
         served = [name for name in all_files(mnt) if name.endswith(".wav")]
         assert len(served) > 30
         assert served == [name for name in all_files(mount) if name.endswith(".wav")]
@@ -325,7 +336,7 @@ def test_recordings_in_object_storage_are_served_in_place_from_allowed_prefixes_
     for directory in pieces:  # the plans stay: the next mount indexes nothing
         shutil.rmtree(directory)
     touched: set[str] = set()
-    with mounted(str(source), str(tmp_path / "again"), *allowed, "--workers", "1") as mnt:
+    with mounted(str(source), str(tmp_path / "again"), *allowed, "--serving-processes", "1") as mnt:
         for name in (name for name in served if name.startswith("cuts/")):
             before = _stats(mnt)["store"].get("gets", 0)
             file_content(mnt, name)
@@ -339,7 +350,7 @@ def test_recordings_in_object_storage_are_served_in_place_from_allowed_prefixes_
     for directory in Path(cache).rglob("pieces"):
         shutil.rmtree(directory)
     bound = 256 << 10  # the pieces of a few cuts: the cache is swept as the cuts are read
-    bounded = (*allowed, "--workers", "1", "--disk-cache-size", str(bound))
+    bounded = (*allowed, "--serving-processes", "1", "--disk-cache-size", str(bound))
     with mounted(str(source), str(tmp_path / "bounded"), *bounded) as mnt:
         for name in (name for name in served if name.startswith("cuts/")):
             assert file_content(mnt, name) == file_content(mount, name), name
@@ -365,7 +376,7 @@ def test_a_stalled_store_fails_reads_of_objects_served_in_place_at_the_deadline(
     source = tmp_path / "manifests"
     _url_manifests(lhotse_manifests, _uploaded_corpus(s3_server, "s3", corpus, "stalled"), source)
     options = ("--allow-objects", f"s3://{BUCKET}/stalled/", "--cache-dir", str(tmp_path / "c"))
-    options += ("--workers", "1", "--read-timeout", "3")
+    options += ("--serving-processes", "1", "--read-timeout", "3")
     with mounted(str(source), str(tmp_path / "mnt"), *options) as mnt:
         recording = next(
             name.split("/")[1]

@@ -60,7 +60,9 @@ def test_every_file_is_the_same_as_from_the_local_directory(
     remote: str, mount: str, tmp_path: Path
 ) -> None:
     cache = str(tmp_path / "cache")
-    with mounted(remote, str(tmp_path / "mnt"), "--cache-dir", cache, "--workers", "2") as mnt:
+    with mounted(
+        remote, str(tmp_path / "mnt"), "--cache-dir", cache, "--serving-processes", "2"
+    ) as mnt:
         assert_same_files(mnt, mount)
         assert _stats(mnt)["shards"]["directory"].startswith(f"s3://{BUCKET}/packed")
 
@@ -74,7 +76,7 @@ def test_a_cold_cut_costs_one_get_and_a_second_mount_fetches_nothing(
             shards.recordings.ids[i]: len(shards.blob(i)) for i in range(len(shards.recordings))
         }
     cache = str(tmp_path / "cache")
-    options = ("--cache-dir", cache, "--workers", "1", "--cache-size", "1M")
+    options = ("--cache-dir", cache, "--serving-processes", "1", "--cache-size", "1M")
     touched: set[str] = set()
     with mounted(remote, str(tmp_path / "mnt"), *options) as mnt:
         for cut in cuts:
@@ -114,7 +116,9 @@ def test_an_object_replaced_under_the_mount_fails_its_reads_not_serves_other_aud
             shards.cut_ids[i] for i in range(shards.num_cuts) if shards.cut_recording(i) == 0
         ]
     cache = str(tmp_path / "cache")
-    with mounted(uri, str(tmp_path / "mnt"), "--cache-dir", cache, "--workers", "1") as mnt:
+    with mounted(
+        uri, str(tmp_path / "mnt"), "--cache-dir", cache, "--serving-processes", "1"
+    ) as mnt:
         original = _read(os.path.join(shard_dir, name))
         replaced = bytearray(original)
         replaced[len(replaced) // 2] ^= 0xFF  # same size, other bytes
@@ -138,7 +142,7 @@ def test_a_stalled_store_fails_reads_at_the_deadline_and_recovers(
     with ShardSet(shard_dir) as shards:
         cut_ids = list(shards.cut_ids)
     cache = str(tmp_path / "cache")
-    options = ("--cache-dir", cache, "--workers", "1", "--read-timeout", "3")
+    options = ("--cache-dir", cache, "--serving-processes", "1", "--read-timeout", "3")
     with mounted(uri, str(tmp_path / "mnt"), *options) as mnt:
         s3_server.process.send_signal(signal.SIGSTOP)
         try:

@@ -1,6 +1,7 @@
 """One mount served by several processes (``--serving-processes``): the same bytes,
 listings and time ranges whichever process answers, statistics added up, and the
-faults of a process that dies."""
+faults of a process that dies.  The processes decode in turn by default; the event
+loops of ``--no-decode-in-turn``, which hand decoding to workers, are tested too."""
 
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ from corpus import wav_header
 pytestmark = [pytest.mark.mount, needs_fuse]
 
 PROCESSES = 3
+#: Two serving processes of each kind, and how many processes ``serving`` then counts
+#: (in turn, the daemon besides the two).
+KINDS = {
+    "in turn": (("--serving-processes", "2"), 3),
+    "loops": (("--no-decode-in-turn", "--serving-processes", "2"), 2),
+}
 
 
 def _stats(mount: str) -> dict[str, Any]:
@@ -62,7 +69,7 @@ def _drop_caches() -> None:
 def served(tmp_path_factory: pytest.TempPathFactory, shard_dir: str) -> Iterator[str]:
     mountpoint = str(tmp_path_factory.mktemp("served"))
     options = ("--serving-processes", str(PROCESSES), "--workers", "3", "--cache-size", "48M")
-    with mounted(shard_dir, mountpoint, *options) as path:
+    with mounted(shard_dir, mountpoint, "--no-decode-in-turn", *options) as path:
         _wait_for(path, lambda s: s["ready"] == PROCESSES, "every process serves")
         yield path
 
@@ -149,15 +156,19 @@ def test_statistics_read_through_any_process(served: str) -> None:
         assert stats["workers"]["workers"] == PROCESSES  # one decoder each: 3 split 3 ways
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_killed_serving_process_is_replaced(
-    tmp_path: Path, shard_dir: str, references: dict[str, Reference]
+    tmp_path: Path, shard_dir: str, references: dict[str, Reference], kind: str
 ) -> None:
-    with mounted(shard_dir, str(tmp_path / "mnt"), "--serving-processes", "2") as mnt:
-        serving = _wait_for(mnt, lambda s: s["ready"] == 2, "both processes serve")["serving"]
-        daemon, child = serving["pids"]
+    options, processes = KINDS[kind]
+    with mounted(shard_dir, str(tmp_path / "mnt"), *options) as mnt:
+        serving = _wait_for(mnt, lambda s: s["ready"] == processes, "both processes serve")
+        daemon, child = serving["serving"]["pids"][:2]
         os.kill(child, signal.SIGKILL)
         serving = _wait_for(
-            mnt, lambda s: s["restarts"] == 1 and s["ready"] == 2, "the process is replaced"
+            mnt,
+            lambda s: s["restarts"] == 1 and s["ready"] == processes,
+            "the process is replaced",
         )["serving"]
         assert serving["pids"][0] == daemon and child not in serving["pids"]
         cuts = cut_plan(references)[:20]
@@ -170,10 +181,14 @@ def test_a_killed_serving_process_is_replaced(
             assert close_enough(actual, expected_file(cut, references), lossless), cut["id"]
 
 
-def test_the_processes_end_with_the_daemon(tmp_path: Path, shard_dir: str) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_processes_end_with_the_daemon(tmp_path: Path, shard_dir: str, kind: str) -> None:
     mountpoint = str(tmp_path / "mnt")
-    with mounted(shard_dir, mountpoint, "--serving-processes", "3") as mnt:
-        pids = _wait_for(mnt, lambda s: s["ready"] == 3, "every process serves")["serving"]["pids"]
+    options, processes = KINDS[kind]
+    with mounted(shard_dir, mountpoint, *options) as mnt:
+        pids = _wait_for(mnt, lambda s: s["ready"] == processes, "every process serves")["serving"][
+            "pids"
+        ]
         os.kill(pids[0], signal.SIGKILL)
         deadline = time.monotonic() + 10
         while any(_alive(pid) for pid in pids):
@@ -188,10 +203,14 @@ def test_the_processes_end_with_the_daemon(tmp_path: Path, shard_dir: str) -> No
     unmount(mountpoint)
 
 
-def test_unmount_stops_every_process(tmp_path: Path, shard_dir: str) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_unmount_stops_every_process(tmp_path: Path, shard_dir: str, kind: str) -> None:
     mountpoint = str(tmp_path / "mnt")
-    with mounted(shard_dir, mountpoint, "--serving-processes", "2") as mnt:
-        pids = _wait_for(mnt, lambda s: s["ready"] == 2, "both processes serve")["serving"]["pids"]
+    options, processes = KINDS[kind]
+    with mounted(shard_dir, mountpoint, *options) as mnt:
+        pids = _wait_for(mnt, lambda s: s["ready"] == processes, "both processes serve")["serving"][
+            "pids"
+        ]
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in pids):
         assert time.monotonic() < deadline, "serving processes outlived the mount"
@@ -222,7 +241,7 @@ def _alive(pid: int) -> bool:
 def test_every_cut_is_exact_when_the_serving_processes_decode_in_turn(
     tmp_path: Path, shard_dir: str, references: dict[str, Reference]
 ) -> None:
-    options = ("--decode-in-turn", "--serving-processes", "2", "--cache-size", "48M")
+    options = ("--serving-processes", "2", "--cache-size", "48M")  # in turn: the default
     with mounted(shard_dir, str(tmp_path / "mnt"), *options) as mnt:
         # Two processes decode in turn, besides the daemon, which serves nothing itself.
         _wait_for(mnt, lambda s: s["ready"] == 3, "both processes serve")

@@ -74,7 +74,7 @@ def test_an_upgraded_directory_serves_every_file_as_the_packed_one(
             packed.blob_location(i) for i in range(len(packed.recording_ids))
         ]
 
-    with mounted(str(old), str(tmp_path / "mnt"), "--workers", "1") as upgraded_mount:
+    with mounted(str(old), str(tmp_path / "mnt"), "--serving-processes", "1") as upgraded_mount:
         for top in ("cuts", "recordings"):
             served = _tree_bytes(Path(upgraded_mount) / top)
             assert served, top

@@ -28,6 +28,7 @@ import pytest
 from conftest import CUTFS, Reference, mounted, needs_fuse
 from corpus import wav_header
 from trust_helpers import (
+    OTHER_USER,
     as_other_user,
     give_to_other_user,
     needs_root,
@@ -40,6 +41,7 @@ from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.errors import SourceError
 from cutfs.codec.source_index import SourceIndex, prepare_index
 from cutfs.codec.sources import Refusals, read_source
+from cutfs.vfs.serving_user import ServingUser, acting_as, kill_command_group
 
 pytestmark = [pytest.mark.mount, needs_fuse, needs_root]
 
@@ -350,7 +352,9 @@ def test_allowed_commands_run_as_the_files_owner_never_root(
     flac = public / "data" / "a.flac"
     data = _kaldi_by_other_user(public, corpus, f"id -u > {marker}; cat {flac}")
     mountpoint = public / "mnt"
-    with mounted(str(data), str(mountpoint), "--allow-other", "--allow-commands", "--workers", "1"):
+    with mounted(
+        str(data), str(mountpoint), "--allow-other", "--allow-commands", "--serving-processes", "1"
+    ):
         read = _read_as_other_user(mountpoint, "piped.wav")
         assert read.returncode == 0, read.stderr
         assert read.stdout == _expected(references[FLAC], 0, len(references[FLAC].samples) / 16000)
@@ -380,7 +384,14 @@ def test_a_command_past_its_timeout_is_killed_with_its_group(
 ) -> None:
     data = _kaldi_by_other_user(public, corpus, "sleep 313.25 & sleep 313.5; cat a.flac")
     mountpoint = public / "mnt"
-    options = ("--allow-other", "--allow-commands", "--command-timeout", "2", "--workers", "1")
+    options = (
+        "--allow-other",
+        "--allow-commands",
+        "--command-timeout",
+        "2",
+        "--serving-processes",
+        "1",
+    )
     with mounted(str(data), str(mountpoint), *options):
         read = _read_as_other_user(mountpoint, "piped.wav")
         assert read.returncode != 0
@@ -388,11 +399,40 @@ def test_a_command_past_its_timeout_is_killed_with_its_group(
         assert _read_as_other_user(mountpoint, "plain.wav").returncode == 0
 
 
-def test_a_killed_worker_takes_its_command_with_it(public: Path, corpus: dict[str, str]) -> None:
-    """A worker killed mid-command (the OOM killer, say): the command's whole group goes too."""
+def test_a_command_group_a_decoder_names_is_killed_with_the_users_rights_only() -> None:
+    """The group number of a command comes from a decoder, which may have parsed hostile
+    media: a daemon acting as the user keeps root as its real id, which would let it kill
+    any of root's processes, so the number must reach only the user's."""
+    user = ServingUser.named(OTHER_USER)
+    roots = subprocess.Popen(["sleep", "301.5"], start_new_session=True)
+    users = subprocess.Popen(
+        ["sleep", "301.75"], start_new_session=True, user=OTHER_USER, group=other_gid()
+    )
+    try:
+        with acting_as(user):  # as the daemon supervises
+            kill_command_group(user, roots.pid)
+            kill_command_group(user, users.pid)
+            kill_command_group(user, 0)  # the daemon's own group: never
+            kill_command_group(user, os.getpgrp())
+        assert users.wait(timeout=20) == -signal.SIGKILL
+        assert roots.poll() is None  # root's process lives on
+    finally:
+        roots.kill()
+        users.kill()
+        roots.wait()
+        users.wait()
+
+
+@pytest.mark.parametrize("in_turn", [False, True], ids=["worker", "in turn"])
+def test_a_killed_worker_takes_its_command_with_it(
+    public: Path, corpus: dict[str, str], in_turn: bool
+) -> None:
+    """A process killed mid-command (the OOM killer, say), a decoder worker or one decoding
+    in turn: the command's whole group goes too."""
     data = _kaldi_by_other_user(public, corpus, "sleep 317.25 & sleep 317.5; cat a.flac")
     mountpoint = public / "mnt"
-    options = ("--allow-other", "--allow-commands", "--workers", "1")
+    kind = ("--serving-processes", "1") if in_turn else ("--no-decode-in-turn", "--workers", "1")
+    options = ("--allow-other", "--allow-commands", *kind)
     with mounted(str(data), str(mountpoint), *options):
         reader = subprocess.Popen(
             ["cat", str(mountpoint / "cuts" / "piped.wav")],
@@ -413,8 +453,12 @@ def test_a_killed_worker_takes_its_command_with_it(public: Path, corpus: dict[st
             time.sleep(0.1)
         assert _processes_with("^sleep 317") == []
         # The replacement (started by a daemon acting as the user) serves, as the user.
-        assert _read_as_other_user(mountpoint, "plain.wav").returncode == 0
-        (replacement,) = _decoder_pids(mountpoint)
+        deadline = time.monotonic() + 20
+        while (read := _read_as_other_user(mountpoint, "plain.wav")).returncode != 0:
+            assert time.monotonic() < deadline, read.stderr  # in turn, it starts meanwhile
+            time.sleep(0.2)
+        (replacement,) = [p for p in _decoder_pids(mountpoint) if _holds_fuse(p) == in_turn]
+        assert replacement != worker
         assert _ids(replacement)[0] == [other_uid()] * 4
 
 
@@ -593,7 +637,8 @@ def test_a_root_daemon_reads_as_the_sources_owner(public: Path, corpus: dict[str
     shutil.copy(corpus[FLAC], source / "a.flac")
     give_to_other_user(source)
     mountpoint = public / "mnt"
-    with mounted(str(source), str(mountpoint), "--allow-other", "--workers", "2"):
+    options = ("--allow-other", "--no-decode-in-turn", "--workers", "2")
+    with mounted(str(source), str(mountpoint), *options):
         assert _read_as_other_user(mountpoint, "a.wav").returncode == 0
         (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
         uid, gid = _ids(daemon)
@@ -633,7 +678,7 @@ def test_processes_decoding_in_turn_keep_no_id_of_root(
     shutil.copy(corpus[FLAC], source / "a.flac")
     give_to_other_user(source)
     mountpoint = public / "mnt"
-    options = ("--allow-other", "--decode-in-turn", "--serving-processes", "2")
+    options = ("--allow-other", "--serving-processes", "2")  # in turn: the default
     with mounted(str(source), str(mountpoint), *options):
         assert _read_as_other_user(mountpoint, "a.wav").returncode == 0
         (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
@@ -663,7 +708,8 @@ def test_read_timeout_covers_waiting_for_a_busy_worker(
     data = _kaldi_by_other_user(public, corpus, "sleep 331.5; cat a.flac")
     mountpoint = public / "mnt"
     log = public / "log"
-    options = ("--allow-other", "--allow-commands", "--workers", "1", "--read-timeout", "2")
+    options = ("--allow-other", "--allow-commands", "--no-decode-in-turn", "--workers", "1")
+    options = (*options, "--read-timeout", "2")
     with mounted(str(data), str(mountpoint), *options, "--log-file", str(log)):
         busy = subprocess.Popen(
             ["cat", str(mountpoint / "cuts" / "piped.wav")],
@@ -797,7 +843,7 @@ def test_a_shard_directory_replaced_under_a_live_mount_is_not_served(public: Pat
     shards, mountpoint = public / "shards", public / "mnt"
     (public / "first").rename(shards)
     log = public / "log"
-    options = ("--workers", "1", "--direct-io", "--log-file", str(log))
+    options = ("--serving-processes", "1", "--direct-io", "--log-file", str(log))
     with mounted(str(shards), str(mountpoint), *options):
         served = mountpoint / "recordings" / "a.wav"
         assert len(_read_range(served, 0, 64000)) == 64000
@@ -868,7 +914,16 @@ def test_decoding_in_the_daemon_is_refused_when_reading_as_another_user(
     data = _kaldi_by_other_user(public, corpus, "id > /dev/null; cat a.flac")
     (public / "mnt").mkdir()
     result = subprocess.run(
-        [*CUTFS, "mount", "--allow-commands", "--workers", "0", str(data), str(public / "mnt")],
+        [
+            *CUTFS,
+            "mount",
+            "--allow-commands",
+            "--no-decode-in-turn",
+            "--workers",
+            "0",
+            str(data),
+            str(public / "mnt"),
+        ],
         capture_output=True,
         text=True,
         check=False,

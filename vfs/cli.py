@@ -44,7 +44,13 @@ from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
 from cutfs.vfs.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
 from cutfs.vfs.manpage import render_manpage
-from cutfs.vfs.mount import MAX_SERVING_PROCESSES, ExitCode, MountError, MountOptions, serve
+from cutfs.vfs.mount import (
+    DEFAULT_PROCESSES_IN_TURN,
+    ExitCode,
+    MountError,
+    MountOptions,
+    serve,
+)
 from cutfs.vfs.operations import Ownership
 
 log = logging.getLogger("cutfs")
@@ -220,25 +226,30 @@ def _parser() -> argparse.ArgumentParser:
     mount_parser.add_argument(
         "--workers",
         type=int,
-        default=min(os.cpu_count() or 1, 4),
-        help="decoder processes; 0 decodes in threads (default: cores, at most 4)",
+        default=None,
+        help="with --no-decode-in-turn, the decoder processes; 0 decodes in threads "
+        "(default: cores, at most 4)",
     )
     mount_parser.add_argument(
         "--serving-processes",
         type=int,
         default=None,
         metavar="N",
-        help="processes answering the mount's requests, each with its own event loop; "
-        "more serve more requests a second on many cores (default 1; workers and "
-        "cache size are split among them; with --decode-in-turn, the processes besides "
-        "the daemon, default: the cores it may use)",
+        help="processes answering the mount's requests, which decode what they serve, "
+        "one request at a time; the daemon besides them keeps the read timeout and "
+        "replaces a process that crashes (default: the cores the daemon may use, at "
+        f"most {DEFAULT_PROCESSES_IN_TURN}); with --no-decode-in-turn, event loops that "
+        "hand decoding to the workers, the daemon included (default 1; workers and cache "
+        "size are split among them)",
     )
     mount_parser.add_argument(
         "--decode-in-turn",
-        action="store_true",
-        help="serving processes decode what they serve themselves, one request at a "
-        "time, instead of handing it to decoder workers: the fewest hand-offs per cold "
-        "cut; the daemon keeps the read timeout and replaces a process that crashes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serving processes decode what they serve themselves (the default: the "
+        "fewest hand-offs per cold cut); --no-decode-in-turn hands every decode to "
+        "--workers decoder processes instead, so one event loop keeps answering lookups "
+        "and cached reads while they decode",
     )
     mount_parser.add_argument(
         "--read-timeout",
@@ -362,7 +373,7 @@ def _parser() -> argparse.ArgumentParser:
         "read_timeout=S, uid=N, gid=N, file_mode=0444, dir_mode=0555, log_file=PATH, "
         "cache_dir=DIR, window=S, overlap=S, sample_rate=HZ, mono, float32, debug, user=USER, "
         "allow_root=DIR, allow_objects=PREFIX, allow_commands, command_timeout=S, "
-        "index_cache_size=BYTES",
+        "index_cache_size=BYTES, serving_processes=N, decode_in_turn, no_decode_in_turn",
     )
     mount_parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     mount_parser.set_defaults(command="mount", run=_mount)
@@ -819,6 +830,9 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
             if key in flags and not has_value:
                 setattr(args, key, True)
                 continue
+            if key == "no_decode_in_turn" and not has_value:
+                args.decode_in_turn = False
+                continue
             if key == "allow_root" and has_value:
                 args.allow_roots.append(value)
                 continue
@@ -845,7 +859,7 @@ def _mount(args: argparse.Namespace) -> int:
     _configure_logging(args)
     options = MountOptions(
         cache_bytes=args.cache_size,
-        workers=max(args.workers, 0),
+        workers=_workers(args),
         read_timeout_seconds=args.read_timeout,
         allow_other=args.allow_other,
         ownership=Ownership(args.uid, args.gid, args.file_mode, args.dir_mode),
@@ -866,7 +880,7 @@ def _mount(args: argparse.Namespace) -> int:
         serving_processes=(
             args.serving_processes
             if args.serving_processes is not None
-            else min(len(os.sched_getaffinity(0)), MAX_SERVING_PROCESSES)
+            else min(len(os.sched_getaffinity(0)), DEFAULT_PROCESSES_IN_TURN)
             if args.decode_in_turn
             else 1
         ),
@@ -891,6 +905,20 @@ def _mount(args: argparse.Namespace) -> int:
         _report_failure(ready_fd, ExitCode.ERROR, str(exc))
         return ExitCode.ERROR
     return ExitCode.OK
+
+
+def _workers(args: argparse.Namespace) -> int:
+    """Decoder processes (``--workers``), which only ``--no-decode-in-turn`` uses."""
+    workers: int | None = args.workers
+    if workers is None:
+        return min(os.cpu_count() or 1, 4)
+    if args.decode_in_turn:
+        log.warning(
+            "--workers is used only with --no-decode-in-turn: the %s serving processes "
+            "decode what they serve (--serving-processes)",
+            "requested" if args.serving_processes is not None else "default",
+        )
+    return max(workers, 0)
 
 
 def _output_format(args: argparse.Namespace) -> OutputFormat:

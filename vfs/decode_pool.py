@@ -41,7 +41,7 @@ from typing import Any, Final
 import numpy as np
 import trio
 
-from cutfs.codec.command_runner import announce_groups_to, kill_group
+from cutfs.codec.command_runner import announce_groups_to
 from cutfs.codec.decoder import DecodeTrace
 from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.library import Library, LibrarySpec
@@ -49,7 +49,7 @@ from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
 from cutfs.codec.source_policy import SourcePolicy
 from cutfs.vfs.request_slot import RequestSlot
-from cutfs.vfs.serving_user import ServingUser, as_root
+from cutfs.vfs.serving_user import ServingUser, as_root, kill_command_group
 from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.decode_pool")
@@ -105,6 +105,8 @@ class DecodePool:
         if in_turn is not None and workers:
             raise ValueError("a pool decoding in the caller has no workers")
         self._in_turn = in_turn
+        if in_turn is not None:  # a command it starts is killed with this process
+            announce_groups_to(in_turn.command_started)
         self._library = library
         self._deadline_seconds = deadline_seconds
         self._statistics = statistics or Statistics()
@@ -431,7 +433,7 @@ class _Worker:
         if process is not None and process.is_alive() and process.pid is not None:
             os.kill(process.pid, signal.SIGKILL)
         for group in self.command_groups:  # they would outlive the worker
-            kill_group(group)
+            kill_command_group(self._setup.user, group)
         self.command_groups.clear()
         if self._process is not None:
             self._exited.append(self._process)

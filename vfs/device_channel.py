@@ -46,6 +46,7 @@ import pyfuse3
 import trio
 
 from cutfs.vfs import kernel_tuning
+from cutfs.vfs.doorbell import Doorbell
 from cutfs.vfs.filesystem import ReadBuffers
 from cutfs.vfs.operations import Operations
 from cutfs.vfs.page_pusher import MOST_PUSH_BYTES, PagePusher
@@ -311,7 +312,9 @@ class DeviceChannel:
                     "mounted?): abort it there to free the mount",
                 )
 
-    async def serve_in_turn(self, slot: RequestSlot, deadline_seconds: float) -> None:
+    async def serve_in_turn(
+        self, slot: RequestSlot, deadline_seconds: float, doorbell: Doorbell | None = None
+    ) -> None:
         """Serve until the mount goes away, one request at a time, each to its end.
 
         For a process that decodes what it serves (``--decode-in-turn``): a handler
@@ -320,10 +323,13 @@ class DeviceChannel:
         device with an exclusive epoll, so that one request wakes one of the processes
         waiting, and between requests (at least every second) lets the loop run its
         other tasks.  ``slot`` tells the daemon which request is being answered, and
-        that it should be answered within ``deadline_seconds``.
+        that it should be answered within ``deadline_seconds``.  ``doorbell`` is
+        answered between requests, and wakes the process when it waits.
         """
         waiting = select.epoll()
         waiting.register(self._fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
+        if doorbell is not None:
+            waiting.register(doorbell.fileno(), select.EPOLLIN)
         next_turn = trio.current_time() + _TURN_SECONDS
         with self._pushing(), contextlib.closing(waiting):
             while True:
@@ -341,6 +347,8 @@ class DeviceChannel:
                         await self._answer(request)
                     finally:
                         slot.end()
+                if doorbell is not None:
+                    doorbell.answer()
                 if request is None or trio.current_time() >= next_turn:
                     await trio.lowlevel.checkpoint()
                     next_turn = trio.current_time() + _TURN_SECONDS

@@ -47,6 +47,7 @@ from cutfs.vfs.serving_process import (
     mount_device_fd,
     publish_statistics,
     release_catalogue_pages,
+    serving_doorbell,
     shared_board_path,
     shared_snapshots_path,
     shared_spans_path,
@@ -93,6 +94,11 @@ DEFAULT_READ_AHEAD_KB = 1024
 #: The most processes that may serve one mount.
 MAX_SERVING_PROCESSES = 64
 
+#: How many processes decode in turn by default at most (one per core below that): each
+#: holds its own decoders and share of the block cache (about 65 MB besides the cache,
+#: measured), so a big shared node is not filled with them unasked.
+DEFAULT_PROCESSES_IN_TURN = 8
+
 
 @dataclass(frozen=True)
 class MountOptions:
@@ -133,7 +139,8 @@ class MountOptions:
     #: ``decode_in_turn``, the processes besides the daemon, which then serves nothing.
     serving_processes: int = 1
     #: Serving processes decode what they serve themselves, one request at a time, with
-    #: no decoder workers (see :meth:`DeviceChannel.serve_in_turn`).
+    #: no decoder workers (see :meth:`DeviceChannel.serve_in_turn`); the command line's
+    #: default.
     decode_in_turn: bool = False
 
 
@@ -403,7 +410,7 @@ async def _run(
         if servers is not None:
             if not servers.in_turn:
                 nursery.start_soon(servers.watch)  # in turn, _serve supervises them
-            nursery.start_soon(publish_statistics, serving)
+            nursery.start_soon(_publish_statistics, serving)
         nursery.start_soon(pool.watch)
         nursery.start_soon(tune_kernel)
         nursery.start_soon(report_indexing)
@@ -416,6 +423,11 @@ async def _run(
         with serving_scope:
             await _serve(servers, serving, user, ready)
         nursery.cancel_scope.cancel()
+
+
+async def _publish_statistics(serving: ServingStack) -> None:
+    with serving_doorbell(serving) as doorbell:
+        await publish_statistics(serving, doorbell)
 
 
 async def _serve(

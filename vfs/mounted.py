@@ -3,8 +3,8 @@
 The mount is made by the ``cutfs`` command, exactly as a user would run it (a daemon in
 the background, ready when the command returns), and is always unmounted on the way out,
 errors included.  Options are the command's long options with ``_`` for ``-``:
-``mounted(src, cache_size="2G", workers=4, allow_other=True)`` runs
-``cutfs mount --cache-size 2G --workers 4 --allow-other src MOUNTPOINT``.
+``mounted(src, cache_size="2G", serving_processes=4, allow_other=True)`` runs
+``cutfs mount --cache-size 2G --serving-processes 4 --allow-other src MOUNTPOINT``.
 """
 
 from __future__ import annotations

@@ -9,8 +9,12 @@ descriptor, reads the slot.  A process past the slot's deadline is killed and
 its request answered ``EIO`` by the daemon; so is the request of a process that
 died (a decoder crash), instead of the ``ECONNABORTED`` the kernel would give.
 
-The slot holds the request's unique number, its inode and a deadline on the
-system's monotonic clock (the same in every process).  Writes are not atomic
+The slot holds the request's unique number, its inode, a deadline on the
+system's monotonic clock (the same in every process), and the process group of
+a source's command the request started, if any: the daemon kills that group
+with a process it kills (the command would outlive it), with the serving
+user's ids only, since the number comes from a process that parses others'
+media (see :func:`~cutfs.vfs.serving_user.kill_command_group`).  Writes are not atomic
 as a whole: the daemon acts only on a request it saw past its deadline twice,
 one watch interval apart, so a half-written slot is never acted on.
 """
@@ -24,9 +28,13 @@ import struct
 import time
 from typing import Final
 
-_LAYOUT: Final = struct.Struct("<QQd")  # unique, inode, deadline (monotonic seconds)
-_UNIQUE = struct.Struct("<Q")
+#: unique, inode, deadline (monotonic seconds), a command's process group (0: none)
+_LAYOUT: Final = struct.Struct("<QQdq")
+_REQUEST: Final = struct.Struct("<QQd")
+_UNIQUE: Final = struct.Struct("<Q")
+_GROUP: Final = struct.Struct("<q")
 _DEADLINE_OFFSET: Final = 16
+_GROUP_OFFSET: Final = 24
 
 
 class RequestSlot:
@@ -76,13 +84,23 @@ class RequestSlot:
         """The current request may take ``seconds`` from now (indexing a recording)."""
         struct.pack_into("<d", self._memory, _DEADLINE_OFFSET, time.monotonic() + seconds)
 
+    def command_started(self, group: int) -> None:
+        """The current request started a command in process group ``group``."""
+        _GROUP.pack_into(self._memory, _GROUP_OFFSET, group)
+
     def end(self) -> None:
-        """The request is answered."""
+        """The request is answered (and any command it started is over)."""
         _UNIQUE.pack_into(self._memory, 0, 0)
+        _GROUP.pack_into(self._memory, _GROUP_OFFSET, 0)
+
+    def command_group(self) -> int:
+        """The process group of the command the current request started; 0 if none."""
+        (group,) = _GROUP.unpack_from(self._memory, _GROUP_OFFSET)
+        return int(group)
 
     def current(self) -> tuple[int, int, float] | None:
         """The request being answered, its inode and its deadline; None between requests."""
-        unique, inode, deadline = _LAYOUT.unpack_from(self._memory)
+        unique, inode, deadline = _REQUEST.unpack_from(self._memory)
         if unique == 0 or not math.isfinite(deadline):
             return None
         return unique, inode, deadline

@@ -42,7 +42,8 @@ import os
 import select
 import signal
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
@@ -55,9 +56,10 @@ import trio
 from cutfs.codec.mapped_table import release_mapped_pages
 from cutfs.codec.source_policy import SourcePolicy
 from cutfs.vfs.device_channel import DeviceChannel, clone_device, write_reply
+from cutfs.vfs.doorbell import Doorbell
 from cutfs.vfs.request_slot import RequestSlot
 from cutfs.vfs.serving_stack import ProcessShare, ServingStack
-from cutfs.vfs.serving_user import ServingUser, acting_as, as_root
+from cutfs.vfs.serving_user import ServingUser, acting_as, as_root, kill_command_group
 from cutfs.vfs.statistics import Statistics
 from cutfs.vfs.statistics_board import StatisticsBoard
 
@@ -191,6 +193,8 @@ class _Server:
         descriptor is then closed: the kernel ends what else it had read); the request's
         unique number and inode, or None."""
         current = self._slot.current() if self._slot is not None else None
+        if self._slot is not None:
+            kill_command_group(self._setup.user, self._slot.command_group())
         if self._device is not None:
             if current is not None:
                 write_reply(self._device, current[0], -errno.EIO, [])
@@ -467,36 +471,59 @@ def _serve_clone(
 
 
 async def _serve(channel: DeviceChannel, serving: ServingStack) -> None:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(serving.pool.watch)
-        nursery.start_soon(release_catalogue_pages)
-        nursery.start_soon(publish_statistics, serving)
-        await channel.serve()
-        nursery.cancel_scope.cancel()
+    with serving_doorbell(serving) as doorbell:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serving.pool.watch)
+            nursery.start_soon(release_catalogue_pages)
+            nursery.start_soon(publish_statistics, serving, doorbell)
+            await channel.serve()
+            nursery.cancel_scope.cancel()
 
 
 async def _serve_in_turn(
     channel: DeviceChannel, serving: ServingStack, slot: RequestSlot, deadline_seconds: float
 ) -> None:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(release_catalogue_pages)
-        nursery.start_soon(publish_statistics, serving)
-        await channel.serve_in_turn(slot, deadline_seconds)
-        nursery.cancel_scope.cancel()
+    with serving_doorbell(serving) as doorbell:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(release_catalogue_pages)
+            nursery.start_soon(publish_statistics, serving, None)  # the channel answers rings
+            await channel.serve_in_turn(slot, deadline_seconds, doorbell)
+            nursery.cancel_scope.cancel()
+
+
+@contextmanager
+def serving_doorbell(serving: ServingStack) -> Iterator[Doorbell | None]:
+    """This process's doorbell for the time it serves (None if it cannot have one: then
+    the others show its figures as it last published them)."""
+    try:
+        doorbell = serving.open_doorbell()
+    except OSError as exc:
+        log.warning("no doorbell for fresh statistics: %s", exc)
+        doorbell = None
+    try:
+        yield doorbell
+    finally:
+        if doorbell is not None:
+            doorbell.close()
 
 
 #: How often each serving process publishes its statistics for the others.
 _PUBLISH_SECONDS: Final = 1.0
 
 
-async def publish_statistics(serving: ServingStack) -> None:
-    """Publish this process's statistics every second (a few KiB written and renamed)."""
+async def publish_statistics(serving: ServingStack, doorbell: Doorbell | None) -> None:
+    """Publish this process's statistics every second (a few KiB written and renamed),
+    and whenever its doorbell rings."""
     while True:
         try:
             serving.publish()
         except Exception:  # statistics must never take the mount down
             log.exception("cannot publish the statistics of this process")
-        await trio.sleep(_PUBLISH_SECONDS)
+        with trio.move_on_after(_PUBLISH_SECONDS):
+            while doorbell is not None:
+                await trio.lowlevel.wait_readable(doorbell.fileno())
+                doorbell.answer()
+            await trio.sleep_forever()
 
 
 #: How often the catalogue's mapped pages are dropped from a process's page tables.

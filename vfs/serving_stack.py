@@ -19,6 +19,7 @@ from cutfs.codec.library import Library
 from cutfs.codec.source_policy import SourcePolicy
 from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.decode_pool import DecodePool
+from cutfs.vfs.doorbell import Doorbell
 from cutfs.vfs.filesystem import Filesystem
 from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.operations import Operations
@@ -77,6 +78,11 @@ class ServingStack:
         if self.board is not None:
             self.board.publish(self.statistics, self.sections())
 
+    def open_doorbell(self) -> Doorbell | None:
+        """The doorbell on which the other serving processes ask this one to publish now
+        (None when it serves alone); open it as the user the statistics are written as."""
+        return None if self.board is None else self.board.open_doorbell(self.publish)
+
     @classmethod
     def open(
         cls,
@@ -130,6 +136,8 @@ class ServingStack:
                 "store": pool.store_counters(),
                 "views": {"time_ranges": filesystem.time_ranges},
                 "indexing": {"in_progress": frames.recordings_being_indexed},
+                # Only the daemon tunes the kernel: the other processes show its outcomes.
+                **({"kernel": dict(kernel)} if kernel else {}),
                 **extra_status(),
             }
 
@@ -140,12 +148,14 @@ class ServingStack:
 
         def status() -> bytes:
             total, total_sections = combined()
-            snapshot = total.snapshot(kernel=kernel, **total_sections)
+            outcomes = total_sections.pop("kernel", kernel)
+            snapshot = total.snapshot(kernel=outcomes, **total_sections)
             return (json.dumps(snapshot, indent=2) + "\n").encode()
 
         def metrics() -> bytes:
             total, total_sections = combined()
             total_sections.pop("serving", None)
+            total_sections.pop("kernel", None)
             return render_metrics(total, total_sections).encode()
 
         filesystem = Filesystem(

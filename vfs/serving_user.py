@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import logging
 import os
 import pwd
+import signal
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+log = logging.getLogger("cutfs.serving_user")
 
 #: Root's groups when the daemon started, given back with root.
 _ROOT_GROUPS = tuple(os.getgroups())
@@ -90,6 +94,19 @@ class ServingUser:
         os.setgroups(list(self.groups))
         os.setresgid(self.gid, self.gid, self.gid)
         os.setresuid(self.uid, self.uid, self.uid)
+
+    def kill_group(self, group: int) -> None:
+        """SIGKILL process group ``group`` from a child process with only this user's ids
+        (see :func:`kill_command_group`); waits for that child."""
+        child = os.fork()
+        if child == 0:  # nothing here allocates, logs or takes a lock another thread holds
+            try:
+                os.setresgid(self.gid, self.gid, self.gid)
+                os.setresuid(self.uid, self.uid, self.uid)
+                os.killpg(group, signal.SIGKILL)
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
 
     def act_as(self) -> None:
         """Switch the effective ids (and groups) to this user; :func:`act_as_root` undoes it."""
@@ -157,6 +174,31 @@ def as_root(user: ServingUser | None) -> Iterator[None]:
         yield
     finally:
         user.act_as()
+
+
+def kill_command_group(user: ServingUser | None, group: int) -> None:
+    """Kill the process group of a command that a decoder announced it started, once the
+    decoder is gone (the command would outlive it).
+
+    The number comes from a process that parses other people's media, so it is not
+    trusted: it could name any group on the machine.  A daemon acting as ``user`` keeps
+    root as its real id, and the kernel lets a process whose real id is root signal
+    any of root's processes; so the signal is sent from a short-lived process with only
+    ``user``'s ids, which can reach nothing that the decoder (running as ``user``)
+    could not kill itself.  Without a serving user the decoders run as the daemon's own
+    user and the signal is sent directly.  Group numbers below 2, and the daemon's own
+    group, are never signalled.
+    """
+    if group < 2 or group == os.getpgrp():
+        return
+    if user is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+        return
+    try:
+        user.kill_group(group)
+    except OSError as exc:
+        log.warning("cannot kill the process group %d of a command: %s", group, exc)
 
 
 def serving_user(requested: str | None, source: str | None) -> ServingUser | None:

@@ -9,6 +9,13 @@ live figures: counters and histograms add up exactly, and the others' part
 is at most a second old.  A file that is missing (a process still starting)
 or unreadable is left out, and the ``serving`` section says how many
 processes were counted.
+
+So that a read shows what every process has counted up to that moment, the
+process answering it first publishes its own figures, then rings the others'
+doorbells (:mod:`cutfs.vfs.doorbell`) and waits for their files to be replaced,
+at most :data:`FRESH_WAIT_SECONDS` (a process answers between two requests).
+Publishing its own first also keeps the counters from going back when two
+reads in a row are answered by different processes.
 """
 
 from __future__ import annotations
@@ -17,8 +24,10 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
+from cutfs.vfs.doorbell import Doorbell
 from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.statistics_board")
@@ -27,6 +36,14 @@ log = logging.getLogger("cutfs.statistics_board")
 #: the shard set's description and the shared time-range table, are the same in every
 #: process).
 SUMMED_SECTIONS: Final = frozenset({"cache", "workers", "store", "indexing"})
+#: Sections only the daemon has (how its processes are doing, the kernel settings it
+#: applied): whichever process answers shows the daemon's.
+_DAEMONS: Final = ("serving", "kernel")
+#: How long a read of the statistics waits for the other processes' fresh figures: one
+#: busy with a long decode is shown as it last published.
+FRESH_WAIT_SECONDS: Final = 0.1
+#: How often the files of the processes rung are looked at while waiting.
+_FRESH_POLL_SECONDS: Final = 0.001
 #: A published file larger than this is not read (they are a few KiB).
 _LARGEST_FILE_BYTES: Final = 1 << 20
 
@@ -38,18 +55,30 @@ class StatisticsBoard:
         self._directory = directory
         self._index = index
         self._processes = processes
+        self._sequence = 0
+        self._doorbell: Doorbell | None = None
 
     def _path(self, index: int) -> str:
         return os.path.join(self._directory, f"{index}.json")
 
+    def _doorbell_path(self, index: int) -> str:
+        return os.path.join(self._directory, f"{index}.bell")
+
+    def open_doorbell(self, on_ring: Callable[[], None]) -> Doorbell:
+        """This process's doorbell, answered by calling ``on_ring`` (which publishes)."""
+        self._doorbell = Doorbell.open(self._doorbell_path(self._index), on_ring)
+        return self._doorbell
+
     def publish(self, statistics: Statistics, sections: dict[str, Any]) -> None:
         """Replace this process's file with its current figures."""
+        self._sequence += 1
         state = {
             "pid": os.getpid(),
+            "sequence": self._sequence,
             "published": time.time(),
             "statistics": statistics.export(),
             "sections": {
-                name: sections[name] for name in (*SUMMED_SECTIONS, "serving") if name in sections
+                name: sections[name] for name in (*SUMMED_SECTIONS, *_DAEMONS) if name in sections
             },
         }
         temporary = self._path(self._index) + ".new"
@@ -65,10 +94,11 @@ class StatisticsBoard:
     ) -> tuple[Statistics, dict[str, Any]]:
         """This process's live figures plus every other process's latest ones, and a
         ``serving`` section (requests answered by each process counted)."""
+        self.publish(statistics, sections)
         total = statistics.copy()
         combined = dict(sections)
         answered = {self._index: _requests(statistics.counters)}
-        for index, state in self._others():
+        for index, state in self._fresh_others():
             try:
                 checked = Statistics()
                 checked.absorb(state["statistics"])  # all or nothing: a bad file adds nothing
@@ -76,7 +106,7 @@ class StatisticsBoard:
                 for name, section in state["sections"].items():
                     if name in SUMMED_SECTIONS and isinstance(section, dict):
                         combined[name] = _added(combined.get(name, {}), section)
-                    elif name == "serving" and isinstance(section, dict):  # the daemon's
+                    elif name in _DAEMONS and isinstance(section, dict):
                         combined[name] = section
                 answered[index] = _requests(state["statistics"]["counters"])
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -89,9 +119,29 @@ class StatisticsBoard:
         }
         return total, combined
 
-    def _others(self) -> list[tuple[int, dict[str, Any]]]:
+    def _fresh_others(self) -> list[tuple[int, dict[str, Any]]]:
+        """The other processes' states, published after they were asked here (those that
+        answer within :data:`FRESH_WAIT_SECONDS`)."""
+        states = dict(self._others())
+        rung = {
+            index: _sequence(state)
+            for index, state in states.items()
+            if Doorbell.ring(self._doorbell_path(index))
+        }
+        deadline = time.monotonic() + FRESH_WAIT_SECONDS
+        while rung and time.monotonic() < deadline:
+            time.sleep(_FRESH_POLL_SECONDS)
+            if self._doorbell is not None:
+                self._doorbell.answer()  # one ringing this one meanwhile waits for it too
+            for index, state in self._others(list(rung)):
+                states[index] = state
+                if _sequence(state) != rung[index]:
+                    del rung[index]
+        return sorted(states.items())
+
+    def _others(self, indexes: list[int] | None = None) -> list[tuple[int, dict[str, Any]]]:
         states = []
-        for index in range(self._processes):
+        for index in range(self._processes) if indexes is None else indexes:
             if index == self._index:
                 continue
             try:
@@ -109,6 +159,12 @@ class StatisticsBoard:
                 continue
             states.append((index, state))
         return states
+
+
+def _sequence(state: dict[str, Any]) -> object:
+    """What changes with each publication of a state (anything, from a file of another
+    process: it is only compared)."""
+    return state.get("sequence")
 
 
 def _requests(counters: Any) -> int:
