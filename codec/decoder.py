@@ -53,7 +53,8 @@ class DecodeTrace:
 
     ``frames_decoded`` counts every frame that came out of the decoder,
     including pre-roll and the frames before the wanted range;
-    ``bytes_read`` counts the stored bytes read (header splice included).
+    ``bytes_read`` counts the stored bytes read (header splice included);
+    ``plans_loaded`` counts the plans an index found in its cache rather than computed.
 
     With ``profile`` set, ``phase_seconds`` also accumulates where the time
     went: ``open`` (demuxer set-up and seek), ``decode`` (the decoder),
@@ -63,6 +64,7 @@ class DecodeTrace:
     decodes: int = 0
     frames_decoded: int = 0
     bytes_read: int = 0
+    plans_loaded: int = 0
     profile: bool = False
     phase_seconds: dict[str, float] = field(default_factory=dict)
     #: Things the caller should log once, such as audio that disagrees with its manifest.

@@ -127,8 +127,9 @@ class Library(Protocol):
         """What the source said about a cut besides its time range (text, speaker, ...)."""
         ...
 
-    def index(self, recording_index: int) -> Recording:
-        """The decoding plan of a recording, computed on first use (slow) and cached."""
+    def index(self, recording_index: int, trace: DecodeTrace | None = None) -> Recording:
+        """The decoding plan of a recording, computed on first use (slow) and cached;
+        ``trace`` counts a plan read from an on-disk cache (``plans_loaded``)."""
         ...
 
     def adopt(self, recording_index: int, recording: Recording) -> None:

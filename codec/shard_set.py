@@ -189,7 +189,7 @@ class ShardSet:
     def frame_limit(self, recording_index: int) -> int:
         return self._recordings.shape(recording_index).num_frames
 
-    def index(self, recording_index: int) -> Recording:
+    def index(self, recording_index: int, trace: DecodeTrace | None = None) -> Recording:
         """Plans were computed by ``pack``: nothing to do."""
         return self.recording(recording_index)
 

@@ -567,10 +567,13 @@ class SourceIndex:
 
     # -- plans ------------------------------------------------------------------------------
 
-    def index(self, recording_index: int) -> Recording:
+    def index(self, recording_index: int, trace: DecodeTrace | None = None) -> Recording:
+        """The recording's plan: the one this process has, else the index cache's (counted
+        in ``trace.plans_loaded``: another process of the mount, or an earlier mount,
+        computed it), else computed now and put in the cache."""
         plan = self._plans.get(recording_index)
         if plan is None:
-            plan = self._load_or_compute(recording_index)
+            plan = self._load_or_compute(recording_index, trace)
             self.adopt(recording_index, plan)
         return plan
 
@@ -605,11 +608,13 @@ class SourceIndex:
                 )
         self._plans[recording_index] = recording
 
-    def _load_or_compute(self, recording_index: int) -> Recording:
+    def _load_or_compute(self, recording_index: int, trace: DecodeTrace | None) -> Recording:
         key = self._plan_key(recording_index)
         plan_path = os.path.join(self.directory, _PLANS, f"{key}.arrow")
         loaded = self._load_plan(plan_path, recording_index, key)
         if loaded is not None:
+            if trace is not None:
+                trace.plans_loaded += 1
             return loaded
         return self._compute_plan(recording_index, key, plan_path)
 

@@ -197,9 +197,11 @@ class DecodePool:
         started = time.perf_counter()
         request = ("index", recording_index, 0, 0, 0)
         deadline = max(self._deadline_seconds, INDEX_DEADLINE_SECONDS)
-        recording, _ = await self._run(request, deadline)
+        recording, trace = await self._run(request, deadline)
         self._statistics.observe("index", time.perf_counter() - started)
-        self._statistics.count("recordings_indexed")
+        # A plan another serving process computed is read from the index cache: counted
+        # apart, so that the figures say how often the media itself was indexed.
+        self._statistics.count("plans_loaded" if trace.plans_loaded else "recordings_indexed")
         plan: Recording = recording
         return plan
 
@@ -457,7 +459,7 @@ def _answer(library: Library, request: _Request, profile: bool) -> tuple[Any, De
     kind, recording_index, first, end, ahead_frames = request
     trace = DecodeTrace(profile=profile)
     if kind == "index":
-        return library.index(recording_index), trace
+        return library.index(recording_index, trace), trace
     frames = library.read_frames(recording_index, first, end, trace, ahead_frames=ahead_frames)
     return frames, trace
 

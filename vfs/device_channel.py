@@ -82,6 +82,18 @@ _INIT, _OPENDIR, _READDIR, _RELEASEDIR = 26, 27, 28, 29
 _INTERRUPT, _BATCH_FORGET, _READDIRPLUS = 36, 42, 44
 #: Requests the kernel sends without waiting for a reply.
 _NO_REPLY: Final = frozenset({_FORGET, _BATCH_FORGET, _INTERRUPT})
+#: Requests answered ENOSYS that ``.cutfs/stats`` counts by name (the rest as
+#: ``requests.other``).  The kernel asks some again each time: every ``ioctl`` on a file
+#: (Python's ``open`` asks whether it is a terminal) costs a round trip.
+_UNSUPPORTED: Final = {
+    22: "getxattr",
+    23: "listxattr",
+    25: "flush",
+    34: "access",
+    39: "ioctl",
+    40: "poll",
+    46: "lseek",
+}
 
 #: How long a process serving in turn waits for a request before it lets its event loop
 #: run its other tasks (publishing statistics, releasing catalogue pages).
@@ -212,8 +224,8 @@ def _direntplus(name: bytes, entry: pyfuse3.EntryAttributes, next_offset: int) -
 class DeviceChannel:
     """Answers the requests that reach one cloned /dev/fuse descriptor.
 
-    ``served`` counts requests by opcode name, for the statistics of the
-    process that runs the channel.
+    The requests it answers are counted by ``Operations``; those it does not
+    (``ENOSYS``) by the channel, in the same statistics.
     """
 
     def __init__(
@@ -389,6 +401,8 @@ class DeviceChannel:
         handler = self._handlers.get(request.opcode)
         try:
             if handler is None:
+                name = _UNSUPPORTED.get(request.opcode, "other")
+                self._operations.statistics.count(f"requests.{name}")
                 raise pyfuse3.FUSEError(errno.ENOSYS)
             body = await handler(request)
         except pyfuse3.FUSEError as exc:
