@@ -206,15 +206,26 @@ def test_the_processes_end_with_the_daemon(tmp_path: Path, shard_dir: str, kind:
 @pytest.mark.parametrize("kind", KINDS)
 def test_unmount_stops_every_process(tmp_path: Path, shard_dir: str, kind: str) -> None:
     mountpoint = str(tmp_path / "mnt")
+    log = tmp_path / "log"
     options, processes = KINDS[kind]
-    with mounted(shard_dir, mountpoint, *options) as mnt:
+    with mounted(shard_dir, mountpoint, *options, "--log-file", str(log)) as mnt:
         pids = _wait_for(mnt, lambda s: s["ready"] == processes, "both processes serve")["serving"][
             "pids"
         ]
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in pids):
-        assert time.monotonic() < deadline, "serving processes outlived the mount"
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
+    survivors = {pid: _where_waiting(pid) for pid in pids if _alive(pid)}
+    assert not survivors, f"outlived the mount: {survivors}\n{log.read_text()[-4000:]}"
+
+
+def _where_waiting(pid: int) -> str:
+    """What a process is doing, for a failure's message: its state and kernel wait."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat, open(f"/proc/{pid}/wchan") as wchan:
+            return f"state {stat.read().split(')')[-1].split()[0]} in {wchan.read() or '-'}"
+    except OSError:
+        return "gone"
 
 
 def test_a_bad_process_count_is_refused(tmp_path: Path, shard_dir: str) -> None:

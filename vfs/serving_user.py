@@ -24,6 +24,7 @@ in the daemon, which keeps root to unmount) is refused for a serving user.  See
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import logging
 import os
@@ -38,6 +39,9 @@ log = logging.getLogger("cutfs.serving_user")
 
 #: Root's groups when the daemon started, given back with root.
 _ROOT_GROUPS = tuple(os.getgroups())
+
+#: The exit status of a killing child that failed without an errno (errnos are below it).
+_KILL_CHILD_FAILED = 255
 
 
 class ServingUserError(Exception):
@@ -95,18 +99,34 @@ class ServingUser:
         os.setresgid(self.gid, self.gid, self.gid)
         os.setresuid(self.uid, self.uid, self.uid)
 
-    def kill_group(self, group: int) -> None:
+    def kill_group(self, group: int) -> bool:
         """SIGKILL process group ``group`` from a child process with only this user's ids
-        (see :func:`kill_command_group`); waits for that child."""
+        (see :func:`kill_command_group`); waits for that child.  False: no such group.
+
+        Raises :class:`OSError` with the child's errno when it could not take the user's
+        ids or send the signal.
+        """
         child = os.fork()
-        if child == 0:  # nothing here allocates, logs or takes a lock another thread holds
+        if child == 0:  # nothing here logs or takes a lock another thread may hold
+            status = _KILL_CHILD_FAILED
             try:
                 os.setresgid(self.gid, self.gid, self.gid)
                 os.setresuid(self.uid, self.uid, self.uid)
                 os.killpg(group, signal.SIGKILL)
+                status = 0
+            except OSError as exc:
+                code = exc.errno or 0
+                status = code if 0 < code < _KILL_CHILD_FAILED else status
             finally:
-                os._exit(0)
-        os.waitpid(child, 0)
+                os._exit(status)
+        _, wait_status = os.waitpid(child, 0)
+        code = os.waitstatus_to_exitcode(wait_status)
+        if code == errno.ESRCH:
+            return False
+        if code != 0:
+            reason = os.strerror(code) if 0 < code < _KILL_CHILD_FAILED else f"status {code}"
+            raise OSError(code, f"the killing process as {self.name} failed: {reason}")
+        return True
 
     def act_as(self) -> None:
         """Switch the effective ids (and groups) to this user; :func:`act_as_root` undoes it."""
@@ -191,14 +211,21 @@ def kill_command_group(user: ServingUser | None, group: int) -> None:
     """
     if group < 2 or group == os.getpgrp():
         return
-    if user is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signal.SIGKILL)
-        return
     try:
-        user.kill_group(group)
+        killed = _kill_group_directly(group) if user is None else user.kill_group(group)
     except OSError as exc:
         log.warning("cannot kill the process group %d of a command: %s", group, exc)
+        return
+    if killed:
+        log.info("killed the process group %d of a command its decoder left", group)
+
+
+def _kill_group_directly(group: int) -> bool:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def serving_user(requested: str | None, source: str | None) -> ServingUser | None:
