@@ -562,24 +562,33 @@ def _hour_one(setup: Setup, mounts: Mounts, cut: Cut) -> list[dict[str, Any]]:
     return rows
 
 
-def _reader_loop(paths: list[str], seconds: float, seed: int) -> int:
+def _reader_loop(paths: list[str], seconds: float, seed: int, buffering: int = -1) -> int:
     rng = random.Random(seed)
     stop = time.monotonic() + seconds
     done = 0
     while time.monotonic() < stop:
-        with open(rng.choice(paths), "rb") as audio:
+        with open(rng.choice(paths), "rb", buffering=buffering) as audio:
             audio.read()
         done += 1
     return done
 
 
+#: A system's name in the warm throughput table ends with this when its readers open
+#: files unbuffered, as soundfile and ffmpeg do: Python's buffered ``open`` (before
+#: Python 3.14) asks ``isatty``, an ioctl that the kernel sends to a FUSE daemon.
+UNBUFFERED = ", unbuffered"
+
+
 def _throughput(setup: Setup, mounts: Mounts) -> list[dict[str, Any]]:
-    """Warm whole-cut reads per second with 1 to 8 reader processes (open, read, close)."""
+    """Warm whole-cut reads per second with 1 to 8 reader processes (open, read, close),
+    with Python's buffered ``open`` and unbuffered."""
     rows = []
     cuts = [cut for rid in sorted(setup.cuts) for cut in setup.cuts[rid] if "30min" in rid]
     trees = {
         "tmpfs WAV": setup.plain,
+        f"tmpfs WAV{UNBUFFERED}": setup.plain,
         "cutfs": mounts.cutfs / "cuts",
+        f"cutfs{UNBUFFERED}": mounts.cutfs / "cuts",
         "cutfs direct_io": mounts.cutfs / "cuts",
     }
     if mounts.ratarmount is not None:
@@ -588,7 +597,7 @@ def _throughput(setup: Setup, mounts: Mounts) -> list[dict[str, Any]]:
     trees["cutfs, 2 mounts"] = mounts.cutfs / "cuts"
     context = get_context("fork")
     for system, tree in trees.items():
-        if system.startswith("cutfs"):
+        if system.startswith("cutfs") and system != f"cutfs{UNBUFFERED}":  # as for "cutfs"
             mounts.cutfs_restart(*(["--direct-io"] if "direct" in system else []))
         # Readers of the two-mount case alternate between two daemons of the same shards.
         trees_used = [tree]
@@ -604,7 +613,8 @@ def _throughput(setup: Setup, mounts: Mounts) -> list[dict[str, Any]]:
             for path in paths:
                 _read_file(Path(path))
         for readers in (1, 2, 4, 8):
-            jobs = [(path_sets[n % len(path_sets)], 3.0, n) for n in range(readers)]
+            buffering = 0 if system.endswith(UNBUFFERED) else -1
+            jobs = [(path_sets[n % len(path_sets)], 3.0, n, buffering) for n in range(readers)]
             with context.Pool(readers) as pool:
                 counts = pool.starmap(_reader_loop, jobs)
             rows.append(
@@ -886,15 +896,22 @@ def _markdown(results: dict[str, Any]) -> str:
         "",
         "## Warm throughput (whole 10 s cuts per second)",
         "",
-        "| system | 1 reader | 2 | 4 | 8 |",
-        "|---|---|---|---|---|",
+        f"Readers use Python's `open()`; `{UNBUFFERED[2:]}`: `open(path, 'rb', buffering=0)`, "
+        "which makes no `isatty` ioctl (as soundfile and ffmpeg).",
+        "",
+        "| system | 1 reader | 2 | 4 | 8 | 2 readers vs tmpfs (same reader) |",
+        "|---|---|---|---|---|---|",
     ]
     systems: dict[str, dict[int, int]] = {}
     for row in results["throughput"]:
         systems.setdefault(row["system"], {})[row["readers"]] = row["cuts_per_second"]
     for system, counts in systems.items():
+        tmpfs = systems.get(f"tmpfs WAV{UNBUFFERED if system.endswith(UNBUFFERED) else ''}", {})
+        ratio = f"{counts[2] / tmpfs[2]:.2f}x" if counts.get(2) and tmpfs.get(2) else ""
         lines.append(
-            f"| {system} | " + " | ".join(str(counts.get(n, "")) for n in (1, 2, 4, 8)) + " |"
+            f"| {system} | "
+            + " | ".join(str(counts.get(n, "")) for n in (1, 2, 4, 8))
+            + f" | {ratio} |"
         )
     lines += [
         "",
