@@ -500,20 +500,46 @@ def test_a_root_daemon_reads_a_short_cut_in_one_request_by_default(
         assert after - before == 1  # three of 128 KiB at the kernel's default read-ahead
 
 
-def test_the_rest_of_a_cut_reaches_the_page_cache_with_its_first_read(
-    shard_dir: str, tmp_path: Path, references: dict[str, Reference]
-) -> None:
-    """A reader asking for the header only (soundfile's first read) costs the one
-    request, and so does the rest of the cut read after it: the first read's decode is
-    pushed into the kernel's pages, byte for byte what a read would have returned."""
-    # A cut overlapping one read before starts in the cache, where its first read
-    # decodes nothing, so nothing past it is cached yet to push: those are left out.
+def _cuts_apart(references: dict[str, Reference]) -> list[dict[str, object]]:
+    """The planned cuts that overlap no cut before them: a cut that does starts in the
+    cache, where its first read decodes nothing, so nothing past it is cached to push."""
     cuts, spans = [], []
     for cut in cut_plan(references):
         span = (cut["recording"], float(cut["start"]), float(cut["start"]) + cut["duration"])
         if not any(r == span[0] and s < span[2] and span[1] < e for r, s, e in spans):
             cuts.append(cut)
         spans.append(span)
+    return cuts
+
+
+def test_in_turn_a_cut_is_decoded_once_whichever_process_its_reads_reach(
+    shard_dir: str, tmp_path: Path, references: dict[str, Reference]
+) -> None:
+    """Two processes decode in turn, each with its own block cache: the reply to a cut's
+    first read waits for the push of the rest, so the reader's next reads, made at once,
+    find the pages stored and reach neither process (a later read that reached the
+    other one would decode the cut again)."""
+    cuts = _cuts_apart(references)
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--serving-processes", "2") as mount:
+        before = _counters(mount)
+        for cut in cuts:
+            path = cut_path(mount, str(cut["id"]))
+            with open(path, "rb", buffering=0) as cut_file:
+                header = cut_file.read(44)
+                assert len(header + cut_file.readall()) == os.stat(path).st_size
+        after = _counters(mount)
+    assert after["reads"] - before.get("reads", 0) == len(cuts)
+    assert after["decodes"] - before.get("decodes", 0) == len(cuts)
+    assert after["pushes_dropped"] == 0 and after["pushes_refused"] == 0
+
+
+def test_the_rest_of_a_cut_reaches_the_page_cache_with_its_first_read(
+    shard_dir: str, tmp_path: Path, references: dict[str, Reference]
+) -> None:
+    """A reader asking for the header only (soundfile's first read) costs the one
+    request, and so does the rest of the cut read after it: the first read's decode is
+    pushed into the kernel's pages, byte for byte what a read would have returned."""
+    cuts = _cuts_apart(references)
     with mounted(shard_dir, str(tmp_path / "mnt"), "--serving-processes", "1") as mount:
         before = _counters(mount)
         contents = {}

@@ -98,6 +98,8 @@ _UNSUPPORTED: Final = {
 #: How long a process serving in turn waits for a request before it lets its event loop
 #: run its other tasks (publishing statistics, releasing catalogue pages).
 _TURN_SECONDS: Final = 1.0
+#: The longest a read's reply waits for the push of the file's rest, when decoding in turn.
+_PUSH_WAIT_SECONDS: Final = 0.05
 
 _FOPEN_DIRECT_IO, _FOPEN_KEEP_CACHE, _FOPEN_NONSEEKABLE = 1, 2, 4
 
@@ -241,6 +243,9 @@ class DeviceChannel:
         #: Stores what a read's decode left cached past it in the kernel's page cache,
         #: while the channel serves (see :mod:`cutfs.vfs.page_pusher`).
         self._pusher: PagePusher | None = None
+        #: How long a read's reply waits for the push of the file's rest (0: not at all;
+        #: see :meth:`serve_in_turn`).
+        self._push_wait_seconds = 0.0
         os.set_blocking(device_fd, False)
         self._handlers: dict[int, Callable[[_Request], Awaitable[bytes | ReadBuffers]]] = {
             _LOOKUP: self._lookup,
@@ -343,6 +348,13 @@ class DeviceChannel:
         if doorbell is not None:
             waiting.register(doorbell.fileno(), select.EPOLLIN)
         next_turn = trio.current_time() + _TURN_SECONDS
+        # The reply to a read waits (briefly) for the push of the file's rest: otherwise
+        # the reader's next read, made as soon as it has the reply, most often comes
+        # before the pages are stored, and may reach another process, which decodes the
+        # cut again.  A push can wait on a page that a read in flight holds (see
+        # :mod:`cutfs.vfs.page_pusher`), which another process, or this one after the
+        # timeout, answers: so the wait is bounded.
+        self._push_wait_seconds = _PUSH_WAIT_SECONDS
         with self._pushing(), contextlib.closing(waiting):
             while True:
                 try:
@@ -460,7 +472,9 @@ class DeviceChannel:
             after = offset + size
             rest = self._operations.continuation(request.nodeid, after, MOST_PUSH_BYTES)
             if rest is not None:
-                self._pusher.push(request.nodeid, after, rest)
+                pushed = self._pusher.push(request.nodeid, after, rest)
+                if pushed is not None and self._push_wait_seconds > 0:
+                    pushed.wait(self._push_wait_seconds)
         return buffers
 
     async def _release(self, request: _Request) -> bytes:

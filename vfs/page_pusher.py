@@ -11,7 +11,10 @@ reaching a process whose cache does not hold it.
 
 The kernel locks each page it stores into, and waits for a page locked by a
 read in flight, which only a serving loop can answer: so the pusher is a thread
-of its own, which may wait, and the loop never waits for it.  At the end, a
+of its own, which may wait, and the loop never waits for it without a bound (a
+process decoding in turn has a read's reply wait for its push, at most 50 ms:
+the reader's next read, made as soon as it has the reply, would otherwise most
+often come before the pages are stored).  At the end, a
 pusher still waiting so has the connection aborted (see :meth:`PagePusher.close`).  A push that
 cannot be queued (the queue is full) is dropped: the kernel then reads as
 usual.  Memory is bounded by the queue: four pushes of at most 8 MiB of frames
@@ -35,8 +38,9 @@ from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.page_pusher")
 
-#: An inode, the offset its bytes start at, and what makes them.
-_Push = tuple[int, int, Callable[[], ReadBuffers]]
+#: An inode, the offset its bytes start at, what makes them, and what is set once the
+#: push is over (written, refused or dropped).
+_Push = tuple[int, int, Callable[[], ReadBuffers], threading.Event]
 
 _OUT_HEADER = struct.Struct("<IiQ")  # len, notify code, unique (0: a notification)
 _STORE_OUT = struct.Struct("<QQII")  # nodeid, offset, size, padding
@@ -68,13 +72,23 @@ class PagePusher:
         self._thread = threading.Thread(target=self._run, name="cutfs-page-pusher", daemon=True)
         self._thread.start()
 
-    def push(self, inode: int, offset: int, make: Callable[[], ReadBuffers]) -> None:
+    def push(
+        self, inode: int, offset: int, make: Callable[[], ReadBuffers]
+    ) -> threading.Event | None:
         """Have the bytes ``make`` returns (called in the thread) stored as those of
-        ``inode`` from ``offset`` on; never waits."""
+        ``inode`` from ``offset`` on; never waits.
+
+        Returns an event set once the push is over (written, refused, or dropped at the
+        end), which a caller may wait for with a timeout, never without one (see the
+        module's docstring); ``None`` if the push was dropped at once (the queue is full).
+        """
+        done = threading.Event()
         try:
-            self._queue.put_nowait((inode, offset, make))
+            self._queue.put_nowait((inode, offset, make, done))
         except queue.Full:
             self._statistics.count("pushes_dropped")
+            return None
+        return done
 
     def close(self, timeout_seconds: float = 2.0) -> bool:
         """Drop the pushes not yet written and stop the thread; whether it stopped within
@@ -88,31 +102,39 @@ class PagePusher:
         """
         while True:
             try:
-                self._queue.get_nowait()
+                dropped = self._queue.get_nowait()
             except queue.Empty:
                 break
+            if dropped is not None:
+                dropped[3].set()
         self._queue.put_nowait(None)  # only the loop's thread puts: there is room now
         self._thread.join(timeout_seconds)
         return not self._thread.is_alive()
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            inode, offset, make = item
+            inode, offset, make, done = item
             try:
-                buffers = make()
-            except Exception:  # a bug: the kernel reads as usual
-                log.exception("cannot make the pages of inode %d", inode)
-                self._statistics.count("pushes_refused")
-                continue
-            size = sum(len(buffer) for buffer in buffers)
-            header = _OUT_HEADER.pack(_OUT_HEADER.size + _STORE_OUT.size + size, _NOTIFY_STORE, 0)
-            try:
-                os.writev(self._fd, [header, _STORE_OUT.pack(inode, offset, size, 0), *buffers])
-            except OSError as exc:
-                self._statistics.count("pushes_refused")
-                # ENOENT: the kernel forgot the inode; ENODEV: unmounted.
-                if exc.errno not in (errno.ENOENT, errno.ENODEV):
-                    log.warning("cannot store pages of inode %d in the kernel: %s", inode, exc)
-                continue
-            self._statistics.count("pages_pushed")
-            self._statistics.count("pushed_bytes", size)
+                self._store(inode, offset, make)
+            finally:
+                done.set()
+
+    def _store(self, inode: int, offset: int, make: Callable[[], ReadBuffers]) -> None:
+        try:
+            buffers = make()
+        except Exception:  # a bug: the kernel reads as usual
+            log.exception("cannot make the pages of inode %d", inode)
+            self._statistics.count("pushes_refused")
+            return
+        size = sum(len(buffer) for buffer in buffers)
+        header = _OUT_HEADER.pack(_OUT_HEADER.size + _STORE_OUT.size + size, _NOTIFY_STORE, 0)
+        try:
+            os.writev(self._fd, [header, _STORE_OUT.pack(inode, offset, size, 0), *buffers])
+        except OSError as exc:
+            self._statistics.count("pushes_refused")
+            # ENOENT: the kernel forgot the inode; ENODEV: unmounted.
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                log.warning("cannot store pages of inode %d in the kernel: %s", inode, exc)
+            return
+        self._statistics.count("pages_pushed")
+        self._statistics.count("pushed_bytes", size)
