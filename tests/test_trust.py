@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+import trio
 from conftest import CUTFS, Reference, mounted, needs_fuse
 from corpus import wav_header
 from trust_helpers import (
@@ -39,9 +40,11 @@ from trust_helpers import (
 )
 
 from cutfs.codec.cut import seconds_to_frames
-from cutfs.codec.errors import SourceError
+from cutfs.codec.errors import ShardFormatError, SourceError
+from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, prepare_index
 from cutfs.codec.sources import Refusals, read_source
+from cutfs.vfs.decode_pool import DecodePool
 from cutfs.vfs.serving_user import ServingUser, acting_as, kill_command_group
 
 pytestmark = [pytest.mark.mount, needs_fuse, needs_root]
@@ -877,6 +880,41 @@ def test_a_shard_directory_replaced_under_a_live_mount_is_not_served(public: Pat
                 served, 6_400_044, 64000
             )  # 200 s in, beyond the read-ahead: the second directory's audio before
     assert "changed since it was mounted" in log.read_text(), log.read_text()
+
+
+def test_a_decoder_worker_that_finds_another_directory_says_so_before_it_ends(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker that cannot open what was mounted sends why and ends at once; the pool
+    that finds it dead logs that reason with the replacement (the failure on record:
+    a read sent to such a worker failed as "the decoder worker died", with no reason in
+    the log), and the read fails with it."""
+    for name, frequency in (("first", 440), ("second", 1000)):
+        (tmp_path / f"{name}-audio").mkdir()
+        _tone(tmp_path / f"{name}-audio" / "a.flac", frequency)
+        subprocess.run(
+            [*CUTFS, "pack", "-q", str(tmp_path / f"{name}-audio"), "-o", str(tmp_path / name)],
+            check=True,
+        )
+    shards = tmp_path / "shards"
+    (tmp_path / "first").rename(shards)
+    caplog.set_level(logging.WARNING, logger="cutfs.decode_pool")
+    with ShardSet(str(shards)) as library:
+        shards.rename(tmp_path / "first")
+        (tmp_path / "second").rename(shards)
+        pool = DecodePool(library, 1)
+        pool.start()
+        try:
+            deadline = time.monotonic() + 60
+            while pool.statistics().alive:  # it ends as soon as it has opened the path
+                assert time.monotonic() < deadline, "the worker served another directory"
+                time.sleep(0.05)
+            with pytest.raises(ShardFormatError, match="changed since it was mounted"):
+                trio.run(pool.decode, 0, 0, 1600)
+        finally:
+            pool.close()
+    replaced = [r.getMessage() for r in caplog.records if "replacing it" in r.getMessage()]
+    assert any("found dead" in line and "changed since it was mounted" in line for line in replaced)
 
 
 def test_an_audio_file_rewritten_after_indexing_is_not_served(public: Path) -> None:

@@ -268,8 +268,9 @@ class DecodePool:
         try:
             worker.connection().send(request)
         except OSError:
-            self._replace(worker, "could not be reached")
-            raise WorkerDiedError("the decoder worker died", where=where) from None
+            # A replacement that could not open the library says why, then ends.
+            words = self._replace(worker, "could not be reached")
+            raise words or WorkerDiedError("the decoder worker died", where=where) from None
         with trio.move_on_after(deadline_seconds):
             while True:
                 await trio.lowlevel.wait_readable(worker.connection().fileno())
@@ -305,20 +306,28 @@ class DecodePool:
             where=where,
         )
 
-    def _replace(self, worker: _Worker, reason: str) -> None:
-        log.warning("decoder worker %s %s: replacing it", worker.pid, reason)
+    def _replace(self, worker: _Worker, reason: str) -> CutfsError | None:
+        """Stop ``worker`` and start another in its place; returns what the stopped one
+        said before it ended, if it said why (it could not open the library)."""
+        words = worker.last_words()
+        because = f" ({words})" if words is not None else ""
+        log.warning("decoder worker %s %s: replacing it%s", worker.pid, reason, because)
         self._restarts += 1
         worker.stop()
         # A daemon serving as its user starts workers as root, as at mount: the
         # interpreter may not be readable by the user, and the worker drops by itself.
         with as_root(self._user if os.geteuid() != 0 else None):
             worker.start()
+        return words
 
     def _recording_id(self, request: _Request) -> str:
         return self._library.recording_ids[request[1]]
 
 
 _READY = "ready"
+#: The most messages a stopped worker's pipe is read for its last words (a worker that
+#: sent more than a few unread messages is not saying why it ended).
+_MOST_LAST_MESSAGES: Final = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,6 +430,21 @@ class _Worker:
 
     def alive(self) -> bool:
         return self._process is not None and self._process.is_alive()
+
+    def last_words(self) -> CutfsError | None:
+        """The error a worker sent before it ended and nobody read (why it could not open
+        the library), if there is one; never waits."""
+        connection = self._connection
+        try:
+            for _ in range(_MOST_LAST_MESSAGES):
+                if connection is None or not connection.poll(0):
+                    return None
+                message = connection.recv()
+                if isinstance(message, CutfsError):
+                    return message
+        except (EOFError, OSError):
+            pass
+        return None
 
     def stop(self) -> None:
         """Kill the process without waiting for it.
