@@ -851,17 +851,23 @@ def _decoder_pids(mountpoint: Path) -> list[int]:
     ]
 
 
-def test_a_shard_directory_replaced_under_a_live_mount_is_not_served(public: Path) -> None:
-    """Another directory moved into the mounted path: EIO and a log line, never its audio."""
+def _first_and_second_packed(root: Path) -> Path:
+    """Two shard directories of one tone each (440 and 1000 Hz): the first at
+    ``root/shards`` (returned), the second at ``root/second``, to be moved in its place."""
     for name, frequency in (("first", 440), ("second", 1000)):
-        (public / f"{name}-audio").mkdir()
-        _tone(public / f"{name}-audio" / "a.flac", frequency)
+        (root / f"{name}-audio").mkdir()
+        _tone(root / f"{name}-audio" / "a.flac", frequency)
         subprocess.run(
-            [*CUTFS, "pack", "-q", str(public / f"{name}-audio"), "-o", str(public / name)],
+            [*CUTFS, "pack", "-q", str(root / f"{name}-audio"), "-o", str(root / name)],
             check=True,
         )
-    shards, mountpoint = public / "shards", public / "mnt"
-    (public / "first").rename(shards)
+    (root / "first").rename(root / "shards")
+    return root / "shards"
+
+
+def test_a_shard_directory_replaced_under_a_live_mount_is_not_served(public: Path) -> None:
+    """Another directory moved into the mounted path: EIO and a log line, never its audio."""
+    shards, mountpoint = _first_and_second_packed(public), public / "mnt"
     log = public / "log"
     options = ("--serving-processes", "1", "--direct-io", "--log-file", str(log))
     with mounted(str(shards), str(mountpoint), *options):
@@ -889,15 +895,7 @@ def test_a_decoder_worker_that_finds_another_directory_says_so_before_it_ends(
     that finds it dead logs that reason with the replacement (the failure on record:
     a read sent to such a worker failed as "the decoder worker died", with no reason in
     the log), and the read fails with it."""
-    for name, frequency in (("first", 440), ("second", 1000)):
-        (tmp_path / f"{name}-audio").mkdir()
-        _tone(tmp_path / f"{name}-audio" / "a.flac", frequency)
-        subprocess.run(
-            [*CUTFS, "pack", "-q", str(tmp_path / f"{name}-audio"), "-o", str(tmp_path / name)],
-            check=True,
-        )
-    shards = tmp_path / "shards"
-    (tmp_path / "first").rename(shards)
+    shards = _first_and_second_packed(tmp_path)
     caplog.set_level(logging.WARNING, logger="cutfs.decode_pool")
     with ShardSet(str(shards)) as library:
         shards.rename(tmp_path / "first")
