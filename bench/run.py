@@ -97,6 +97,7 @@ def main() -> int:
     results["cold_scaling"] = _cold_scaling(setup)
     results["uncached_throughput"] = _uncached_throughput(setup)
     results["uncached_throughput_workers"] = _uncached_throughput(setup, options=WORKERS)
+    results["uncached_throughput_evicted"] = _uncached_throughput(setup, evict=True)
     results["catalogue"] = _catalogue(setup, [10_000, 100_000] + ([1_000_000] if args.full else []))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -728,23 +729,51 @@ def _counter(mountpoint: Path, name: str) -> int:
     return counters.get(name, 0)
 
 
+def _evicting_loop(paths: list[str], seconds: float, seed: int) -> int:
+    """Whole files read as soundfile reads them (unbuffered), each file's pages dropped
+    from the page cache after it is read (``POSIX_FADV_DONTNEED``): the next read of it is
+    the kernel's first again, as for a cut that no reader has read yet."""
+    rng = random.Random(seed)
+    stop = time.monotonic() + seconds
+    done = 0
+    while time.monotonic() < stop:
+        descriptor = os.open(rng.choice(paths), os.O_RDONLY)
+        try:
+            while os.read(descriptor, 1 << 20):
+                pass
+            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(descriptor)
+        done += 1
+    return done
+
+
 def _uncached_throughput(
     setup: Setup,
     readers: int = 2,
     repository: Path = REPOSITORY,
     options: tuple[str, ...] = (),
+    evict: bool = False,
 ) -> list[dict[str, Any]]:
     """Cuts decoded per second by ``readers`` processes: through a mount that caches no
     PCM (every read decodes), against the same number of processes decoding the same cuts
     from the original files with soundfile. Storage is in the page cache for both.
     ``repository``: the checkout whose cutfs mounts (see bench/revisions.py); ``options``:
-    more options of ``cutfs mount`` (see bench/serving.py)."""
+    more options of ``cutfs mount`` (see bench/serving.py).
+
+    The kernel must not answer from the cut's pages: by default the mount has
+    ``--direct-io`` (so each cut also costs an OPEN, a RELEASE, a READ that finds the end,
+    and, from Python's buffered ``open``, an ioctl); with ``evict`` it is an ordinary
+    mount and the readers drop each file's pages after reading it (a cut costs one READ,
+    as a cut read for the first time does)."""
     rows = []
     mountpoint = setup.work / "mnt" / "uncached"
     mountpoint.mkdir(parents=True, exist_ok=True)
     context = get_context("fork")
     _unmount(mountpoint)
-    command = [*CUTFS, "mount", "--cache-size", "1M", "--direct-io", *options]
+    pages = () if evict else ("--direct-io",)
+    loop = _evicting_loop if evict else _reader_loop
+    command = [*CUTFS, "mount", "--cache-size", "1M", *pages, *options]
     subprocess.run(
         [*command, str(setup.shards), str(mountpoint)],
         check=True,
@@ -760,7 +789,7 @@ def _uncached_throughput(
             time.sleep(1.2)  # serving processes publish their counters every second
             decodes_before = _counter(mountpoint, "decodes")
             with context.Pool(readers) as pool:
-                mounted = sum(pool.starmap(_reader_loop, [(paths, 4.0, n) for n in range(readers)]))
+                mounted = sum(pool.starmap(loop, [(paths, 4.0, n) for n in range(readers)]))
                 direct = sum(
                     pool.starmap(_soundfile_loop, [(originals, 4.0, n) for n in range(readers)])
                 )
@@ -936,6 +965,10 @@ def _markdown(results: dict[str, Any]) -> str:
     for key, title in (
         ("uncached_throughput", "the mount (a 1 MB PCM cache, `--direct-io`)"),
         ("uncached_throughput_workers", f"the same with `{' '.join(WORKERS)}`"),
+        (
+            "uncached_throughput_evicted",
+            "a mount without `--direct-io`, each file's pages dropped after its read",
+        ),
     ):
         lines += [
             "",
