@@ -135,14 +135,20 @@ def _run(
         raise SourceError(f"command exited with status {status}: {message[0]}", where=where)
 
 
-def kill_group(group: int) -> None:
-    """Kill a command's process group (announced by :func:`announce_groups_to`), if it lives."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+def kill_group(group: int) -> bool:
+    """Kill a command's process group (announced by :func:`announce_groups_to`); False if
+    there is no such group.  Raises :class:`PermissionError` for a group this process may
+    not signal."""
+    try:
         os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    kill_group(process.pid)
+    with contextlib.suppress(PermissionError):  # its own child: not expected
+        kill_group(process.pid)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(5)
 

@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from cutfs.codec.command_runner import kill_group
+
 log = logging.getLogger("cutfs.serving_user")
 
 #: Root's groups when the daemon started, given back with root.
@@ -212,20 +214,12 @@ def kill_command_group(user: ServingUser | None, group: int) -> None:
     if group < 2 or group == os.getpgrp():
         return
     try:
-        killed = _kill_group_directly(group) if user is None else user.kill_group(group)
+        killed = kill_group(group) if user is None else user.kill_group(group)
     except OSError as exc:
         log.warning("cannot kill the process group %d of a command: %s", group, exc)
         return
     if killed:
         log.info("killed the process group %d of a command its decoder left", group)
-
-
-def _kill_group_directly(group: int) -> bool:
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def serving_user(requested: str | None, source: str | None) -> ServingUser | None:
