@@ -47,6 +47,10 @@ _SAFE_INPUT: dict[str, str] = {"format_whitelist": SAFE_DEMUXERS, "protocol_whit
 _FLOAT_FORMATS = frozenset({"flt", "fltp"})
 
 
+#: The phases a profiled trace times (see :class:`DecodeTrace`).
+DECODE_PHASES: Final = frozenset({"fetch", "open", "decode", "convert"})
+
+
 @dataclass
 class DecodeTrace:
     """Counts of the work done by decodes, accumulated over the calls given it.
@@ -58,7 +62,8 @@ class DecodeTrace:
 
     With ``profile`` set, ``phase_seconds`` also accumulates where the time
     went: ``open`` (demuxer set-up and seek), ``decode`` (the decoder),
-    ``convert`` (to 16-bit interleaved PCM).  Without it nothing is timed.
+    ``convert`` (to 16-bit interleaved PCM), and the store's ``fetch``
+    (:data:`DECODE_PHASES`).  Without it nothing is timed.
     """
 
     decodes: int = 0

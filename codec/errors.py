@@ -6,7 +6,9 @@ filesystem layer turns these into errno values in exactly one place; the
 command line turns them into a message and a non-zero exit status.
 
 The classes keep their constructor arguments in ``args`` so that they survive
-pickling between decoder worker processes.
+pickling.  Decoder workers send theirs by class name and words instead
+(:mod:`cutfs.vfs.worker_message`): the process reading a worker does not
+unpickle what the worker sends.
 """
 
 from __future__ import annotations

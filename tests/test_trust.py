@@ -9,11 +9,14 @@ nothing serves wrong audio, and one bad entry never takes the rest down.
 
 from __future__ import annotations
 
+import ctypes
 import gzip
 import io
 import json
 import logging
+import multiprocessing
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -21,6 +24,7 @@ import tarfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +32,7 @@ import pyarrow as pa
 import pytest
 import trio
 from conftest import CUTFS, Reference, mounted, needs_fuse
-from corpus import wav_header
+from corpus import ffmpeg_decode, wav_header
 from trust_helpers import (
     OTHER_USER,
     as_other_user,
@@ -44,7 +48,7 @@ from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, prepare_index
 from cutfs.codec.sources import Refusals, read_source
-from cutfs.vfs.decode_pool import DecodePool
+from cutfs.vfs.decode_pool import DecodePool, WorkerDiedError
 from cutfs.vfs.serving_user import ServingUser, acting_as, kill_command_group
 
 pytestmark = [pytest.mark.mount, needs_fuse, needs_root]
@@ -913,6 +917,75 @@ def test_a_decoder_worker_that_finds_another_directory_says_so_before_it_ends(
             pool.close()
     replaced = [r.getMessage() for r in caplog.records if "replacing it" in r.getMessage()]
     assert any("found dead" in line and "changed since it was mounted" in line for line in replaced)
+
+
+class _Hostile:
+    """What a worker taken over by hostile media would send to get code run by its reader:
+    unpickled, it runs ``touch`` on the marker."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _steal_descriptor(pid: int, descriptor: int) -> int:
+    """A copy of another process's descriptor (pidfd_getfd(2), Linux 5.6; root may)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        stolen = int(libc.syscall(_SYS_PIDFD_GETFD, pidfd, descriptor, 0))
+        if stolen < 0:
+            raise OSError(ctypes.get_errno(), "pidfd_getfd")
+        return stolen
+    finally:
+        os.close(pidfd)
+
+
+_SYS_PIDFD_GETFD = 438  # the same on every architecture's generic table
+
+
+def test_a_decoder_worker_taken_over_by_its_media_gets_no_code_run_by_its_reader(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A decoder worker parses other people's media; one taken over (an FFmpeg or
+    libsndfile bug) writes what it likes to its pipe.  Its reader (a serving process
+    that keeps root as its saved id) must not unpickle it: the request fails alone,
+    the worker is replaced, and the next decode is exact."""
+    (tmp_path / "audio").mkdir()
+    flac = tmp_path / "audio" / "a.flac"
+    _tone(flac, 440)
+    shards = tmp_path / "shards"
+    subprocess.run([*CUTFS, "pack", "-q", str(flac.parent), "-o", str(shards)], check=True)
+    marker = tmp_path / "code-ran"
+    caplog.set_level(logging.WARNING, logger="cutfs.decode_pool")
+    with ShardSet(str(shards)) as library:
+        pool = DecodePool(library, 1)
+        pool.start()
+        pool.wait_ready()
+        try:
+            (worker,) = [p for p in multiprocessing.active_children() if p.name == "cutfs-decoder"]
+            assert worker.pid is not None
+            os.kill(worker.pid, signal.SIGSTOP)  # the worker's own code no longer answers
+            (pipe,) = [  # the worker's end of its pipe: its only socket
+                int(entry.name)
+                for entry in Path(f"/proc/{worker.pid}/fd").iterdir()
+                if os.readlink(entry).startswith("socket:")
+            ]
+            taken_over = Connection(_steal_descriptor(worker.pid, pipe))
+            taken_over.send_bytes(pickle.dumps(_Hostile(marker)))
+            with pytest.raises(WorkerDiedError):
+                trio.run(pool.decode, 0, 0, 1600)
+            taken_over.close()
+            assert not marker.exists(), "the reader ran code a decoder worker sent"
+            frames = trio.run(pool.decode, 0, 16000, 17600)  # by the replacement
+        finally:
+            pool.close()
+    samples, _, _ = ffmpeg_decode(str(flac))
+    assert np.array_equal(frames, samples[16000:17600])
+    replaced = [r.getMessage() for r in caplog.records if "replacing it" in r.getMessage()]
+    assert any("not a message" in line for line in replaced), replaced
 
 
 def test_an_audio_file_rewritten_after_indexing_is_not_served(public: Path) -> None:

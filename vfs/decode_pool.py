@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 import trio
@@ -51,6 +51,19 @@ from cutfs.codec.source_policy import SourcePolicy
 from cutfs.vfs.request_slot import RequestSlot
 from cutfs.vfs.serving_user import ServingUser, as_root, kill_command_group
 from cutfs.vfs.statistics import Statistics
+from cutfs.vfs.worker_message import (
+    MOST_MESSAGE_BYTES,
+    Answer,
+    BadMessageError,
+    CommandStarted,
+    Message,
+    Ready,
+    Reply,
+    SharedFrames,
+    StartFailed,
+    decode,
+    encode,
+)
 
 log = logging.getLogger("cutfs.decode_pool")
 
@@ -171,8 +184,12 @@ class DecodePool:
         """
         started = time.perf_counter()
         request = ("frames", recording_index, first, end, ahead_frames)
-        answer, trace = await self._run(request, self._deadline_seconds)
-        frames: Int16Array = answer
+        frames, trace = await self._run(request, self._deadline_seconds)
+        if not isinstance(frames, np.ndarray) or not 0 <= len(frames) <= end - first:
+            raise WorkerDiedError(
+                f"the decoder worker answered {_describe(request)} with something else",
+                where=self._recording_id(request),
+            )
         self._statistics.observe("decode", time.perf_counter() - started)
         self._statistics.count("decodes")
         self._statistics.count("frames_fetched_ahead", ahead_frames)
@@ -181,7 +198,9 @@ class DecodePool:
         for phase, seconds in trace.phase_seconds.items():
             self._statistics.observe(f"phase.{phase}", seconds)
         for note in trace.notes:
-            if note not in self._notes:  # each worker notes it once: log it once
+            # Each worker notes it once: log it once (a worker's notes are bounded by the
+            # recordings that disagree with their manifests; the set, by _MOST_NOTES).
+            if note not in self._notes and len(self._notes) < _MOST_NOTES:
                 self._notes.add(note)
                 self._statistics.count("manifest_mismatches")
                 log.warning("%s", note)
@@ -198,14 +217,20 @@ class DecodePool:
         request = ("index", recording_index, 0, 0, 0)
         deadline = max(self._deadline_seconds, INDEX_DEADLINE_SECONDS)
         recording, trace = await self._run(request, deadline)
+        if not isinstance(recording, Recording) or recording.recording_id != self._recording_id(
+            request
+        ):
+            raise WorkerDiedError(
+                "the decoder worker answered the indexing with something else",
+                where=self._recording_id(request),
+            )
         self._statistics.observe("index", time.perf_counter() - started)
         # A plan another serving process computed is read from the index cache: counted
         # apart, so that the figures say how often the media itself was indexed.
         self._statistics.count("plans_loaded" if trace.plans_loaded else "recordings_indexed")
-        plan: Recording = recording
-        return plan
+        return recording
 
-    async def _run(self, request: _Request, deadline_seconds: float) -> tuple[Any, DecodeTrace]:
+    async def _run(self, request: _Request, deadline_seconds: float) -> tuple[Answer, DecodeTrace]:
         if self._in_turn is not None:
             if deadline_seconds > self._deadline_seconds:
                 self._in_turn.allow(deadline_seconds)
@@ -216,7 +241,7 @@ class DecodePool:
 
     async def _in_thread(
         self, request: _Request, deadline_seconds: float
-    ) -> tuple[Any, DecodeTrace]:
+    ) -> tuple[Answer, DecodeTrace]:
         async with self._threads:
             with trio.move_on_after(deadline_seconds):
                 return await trio.to_thread.run_sync(
@@ -230,7 +255,7 @@ class DecodePool:
 
     async def _in_worker(
         self, request: _Request, deadline_seconds: float
-    ) -> tuple[Any, DecodeTrace]:
+    ) -> tuple[Answer, DecodeTrace]:
         """Ask a worker; the wait for a free worker counts against the deadline too."""
         assert self._available is not None
         started = trio.current_time()
@@ -262,7 +287,7 @@ class DecodePool:
 
     async def _ask(
         self, worker: _Worker, request: _Request, deadline_seconds: float
-    ) -> tuple[Any, DecodeTrace]:
+    ) -> tuple[Answer, DecodeTrace]:
         where = self._recording_id(request)
         frames = _describe(request)
         try:
@@ -275,36 +300,44 @@ class DecodePool:
             while True:
                 await trio.lowlevel.wait_readable(worker.connection().fileno())
                 try:
-                    reply = worker.connection().recv()
+                    reply = worker.receive()
                 except (EOFError, OSError):
                     self._replace(worker, f"died {frames}")
                     raise WorkerDiedError(
                         f"the decoder worker died {frames}", where=where
                     ) from None
-                if reply == _READY:
+                except BadMessageError as exc:
+                    self._replace(worker, f"sent what is not a message {frames} ({exc})")
+                    raise WorkerDiedError(
+                        f"the decoder worker failed {frames}", where=where
+                    ) from None
+                if isinstance(reply, Ready):
                     continue  # a replacement worker announcing itself
-                if isinstance(reply, _CommandStarted):
+                if isinstance(reply, CommandStarted):
                     worker.command_groups.add(reply.group)  # killed with the worker
                     continue
-                if isinstance(reply, CutfsError):
-                    raise reply  # a replacement worker that could not open the library: why
+                if isinstance(reply, StartFailed):
+                    raise reply.error  # a replacement worker that could not open the library
                 worker.command_groups.clear()  # the worker reaped them
-                if not isinstance(reply, _Reply):
-                    self._replace(worker, f"sent a {type(reply).__name__} {frames}")
-                    raise WorkerDiedError(f"the decoder worker failed {frames}", where=where)
-                for name, grown in reply.store_grown.items():
-                    self._store_counts[name] = self._store_counts.get(name, 0) + grown
-                if isinstance(reply.result, BaseException):
+                self._add_store_counts(reply.store_grown)
+                if isinstance(reply.result, CutfsError):
                     raise reply.result
-                answer: tuple[Any, DecodeTrace] = reply.result
-                if isinstance(answer[0], _SharedFrames):
-                    return worker.shared_frames(answer[0]), answer[1]
-                return answer
+                answer, trace = reply.result
+                if isinstance(answer, SharedFrames):
+                    return worker.shared_frames(answer), trace
+                return answer, trace
         self._replace(worker, f"missed the {deadline_seconds:g} s deadline")
         raise DecodeDeadlineError(
             f"{frames} took longer than {deadline_seconds:g} s (storage not answering?)",
             where=where,
         )
+
+    def _add_store_counts(self, grown: dict[str, int]) -> None:
+        """Add what a worker's store counted; a name beyond the first
+        :data:`_MOST_STORE_COUNTERS` is left out (a store has a handful)."""
+        for name, count in grown.items():
+            if name in self._store_counts or len(self._store_counts) < _MOST_STORE_COUNTERS:
+                self._store_counts[name] = self._store_counts.get(name, 0) + count
 
     def _replace(self, worker: _Worker, reason: str) -> CutfsError | None:
         """Stop ``worker`` and start another in its place; returns what the stopped one
@@ -324,33 +357,13 @@ class DecodePool:
         return self._library.recording_ids[request[1]]
 
 
-_READY = "ready"
+#: The most manifest mismatches the pool remembers having logged.
+_MOST_NOTES: Final = 10_000
+#: The most store counters the pool sums over its workers.
+_MOST_STORE_COUNTERS: Final = 64
 #: The most messages a stopped worker's pipe is read for its last words (a worker that
 #: sent more than a few unread messages is not saying why it ended).
 _MOST_LAST_MESSAGES: Final = 4
-
-
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    """A worker's answer to a request (its result, or the error it raised), with how much
-    its store's counters grew meanwhile: one message, one wake-up of the event loop."""
-
-    result: tuple[Any, DecodeTrace] | CutfsError
-    store_grown: dict[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class _CommandStarted:
-    """A worker started a command in this process group (see :mod:`cutfs.codec.command_runner`)."""
-
-    group: int
-
-
-@dataclass(frozen=True, slots=True)
-class _SharedFrames:
-    """A reply's frames are in the worker's shared PCM buffer, with this shape (int16)."""
-
-    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,7 +423,14 @@ class _Worker:
         finally:
             os.close(descriptor)
 
-    def shared_frames(self, reply: _SharedFrames) -> Int16Array:
+    def receive(self) -> Message:
+        """The worker's next message, checked (see :mod:`cutfs.vfs.worker_message`).
+
+        Raises EOFError or OSError when the worker is gone (or sent more than a message
+        may hold) and :class:`BadMessageError` when what it sent is not a message."""
+        return decode(self.connection().recv_bytes(MOST_MESSAGE_BYTES))
+
+    def shared_frames(self, reply: SharedFrames) -> Int16Array:
         """The frames a reply left in the shared buffer, copied out (the buffer is the
         worker's again for its next request)."""
         count = math.prod(reply.shape)  # numpy's prod costs microseconds on a tuple
@@ -424,9 +444,15 @@ class _Worker:
         connection = self.connection()
         if not connection.poll(timeout_seconds):
             raise CutfsError("a decoder worker did not start", where=self._setup.library.where)
-        ready = connection.recv()
-        if isinstance(ready, BaseException):
-            raise ready
+        try:
+            ready = self.receive()
+        except (EOFError, OSError, BadMessageError) as exc:
+            raise CutfsError(
+                f"a decoder worker failed as it started ({exc or type(exc).__name__})",
+                where=self._setup.library.where,
+            ) from None
+        if isinstance(ready, StartFailed):
+            raise ready.error
 
     def alive(self) -> bool:
         return self._process is not None and self._process.is_alive()
@@ -439,10 +465,10 @@ class _Worker:
             for _ in range(_MOST_LAST_MESSAGES):
                 if connection is None or not connection.poll(0):
                     return None
-                message = connection.recv()
-                if isinstance(message, CutfsError):
-                    return message
-        except (EOFError, OSError):
+                message = decode(connection.recv_bytes(MOST_MESSAGE_BYTES))
+                if isinstance(message, StartFailed):
+                    return message.error
+        except (EOFError, OSError, BadMessageError):
             pass
         return None
 
@@ -479,7 +505,7 @@ def _describe(request: _Request) -> str:
     return "indexing the recording" if kind == "index" else f"decoding frames [{first}, {end})"
 
 
-def _answer(library: Library, request: _Request, profile: bool) -> tuple[Any, DecodeTrace]:
+def _answer(library: Library, request: _Request, profile: bool) -> tuple[Answer, DecodeTrace]:
     kind, recording_index, first, end, ahead_frames = request
     trace = DecodeTrace(profile=profile)
     if kind == "index":
@@ -510,21 +536,22 @@ def _worker_main(connection: Connection, setup: _WorkerSetup) -> None:
                 "a worker refuses to serve it; remount to serve the new one",
                 where=setup.library.where,
             )
-        announce_groups_to(lambda group: connection.send(_CommandStarted(group)))
+        announce_groups_to(lambda group: connection.send_bytes(encode(CommandStarted(group))))
     except OSError as exc:
-        connection.send(CutfsError(f"cannot become the serving user: {exc}"))
+        error = CutfsError(f"cannot become the serving user: {exc}")
+        connection.send_bytes(encode(StartFailed(error)))
         return
     except CutfsError as exc:
-        connection.send(exc)
+        connection.send_bytes(encode(StartFailed(exc)))
         return
-    connection.send(_READY)
+    connection.send_bytes(encode(Ready()))
     reported = library.counters()
     while True:
         try:
             request = connection.recv()
         except (EOFError, OSError):
             return
-        result: tuple[Any, DecodeTrace] | CutfsError
+        result: tuple[Answer, DecodeTrace] | CutfsError
         try:
             result = _shared(_answer(library, request, profile), pcm)
         except CutfsError as exc:
@@ -532,16 +559,16 @@ def _worker_main(connection: Connection, setup: _WorkerSetup) -> None:
         counts = library.counters()
         grown = {name: value - reported.get(name, 0) for name, value in counts.items()}
         reported = counts
-        connection.send(_Reply(result, grown))
+        connection.send_bytes(encode(Reply(result, grown)))
 
 
-def _shared(reply: tuple[Any, DecodeTrace], pcm: mmap.mmap) -> tuple[Any, DecodeTrace]:
+def _shared(reply: tuple[Answer, DecodeTrace], pcm: mmap.mmap) -> tuple[Answer, DecodeTrace]:
     """A reply whose frames fit the shared buffer, with the frames written there: only
     their shape goes through the pipe, so the daemon's event loop never waits on a large
-    message (a pipe carries 64 KiB at a time) and nothing is pickled."""
+    message (a pipe carries 64 KiB at a time)."""
     frames, trace = reply
     if not isinstance(frames, np.ndarray) or frames.dtype != np.int16 or frames.nbytes > len(pcm):
         return reply
     shared = np.frombuffer(pcm, dtype=np.int16, count=frames.size).reshape(frames.shape)
     shared[...] = frames
-    return _SharedFrames(frames.shape), trace
+    return SharedFrames((frames.shape[0], frames.shape[1])), trace
