@@ -36,11 +36,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
-import logging.handlers
 import multiprocessing
 import os
 import select
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from multiprocessing.queues import Queue
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -57,6 +56,7 @@ from cutfs.codec.mapped_table import release_mapped_pages
 from cutfs.codec.source_policy import SourcePolicy
 from cutfs.vfs.device_channel import DeviceChannel, clone_device, write_reply
 from cutfs.vfs.doorbell import Doorbell
+from cutfs.vfs.log_channel import LogChannel, handler
 from cutfs.vfs.request_slot import RequestSlot
 from cutfs.vfs.serving_stack import ProcessShare, ServingStack
 from cutfs.vfs.serving_user import ServingUser, acting_as, as_root, kill_command_group
@@ -70,6 +70,10 @@ log = logging.getLogger("cutfs.serving_process")
 
 #: How often the daemon checks that its serving processes are alive.
 _WATCH_SECONDS: Final = 1.0
+#: What a serving process says when it serves: the one message it sends the daemon,
+#: plain bytes (the daemon unpickles nothing a serving process sends).
+_READY: Final = b"ready"
+_MOST_READY_BYTES: Final = 16
 #: How many times in a row a process decoding in turn may die before it serves.
 _TRIES_BEFORE_SERVING: Final = 3
 
@@ -143,7 +147,7 @@ class _Server:
         #: Processes killed and not reaped yet.
         self._exited: list[BaseProcess] = []
 
-    def start(self, mount_fd: int, log_queue: Queue[logging.LogRecord]) -> None:
+    def start(self, mount_fd: int, log_writer: socket.socket) -> None:
         self._reap()
         context = multiprocessing.get_context("spawn")
         parent_end, child_end = context.Pipe()
@@ -154,7 +158,7 @@ class _Server:
             slot = RequestSlot.create() if in_turn else None
             self.process = context.Process(
                 target=_serving_main,
-                args=(child_end, self._setup, self.index, log_queue),
+                args=(child_end, self._setup, self.index, log_writer),
                 daemon=False,  # it starts decoder workers; it dies with the daemon instead
                 name=f"cutfs-serving-{self.index}",
             )
@@ -209,7 +213,7 @@ class _Server:
         """Whether the process has said it serves, since it was last started (no waiting)."""
         try:
             while self._connection is not None and self._connection.poll():
-                self._ready |= self._connection.recv() == "ready"
+                self._ready |= self._connection.recv_bytes(_MOST_READY_BYTES) == _READY
         except (EOFError, OSError):
             pass
         return self._ready
@@ -254,12 +258,8 @@ class ServingProcesses:
         self._mount_fd: int | None = None
         self._statistics = statistics or Statistics()
         self.restarts = 0
-        context = multiprocessing.get_context("spawn")
         # The processes log through the daemon's handlers (syslog, a file, the journal).
-        self._log_queue: Queue[logging.LogRecord] = context.Queue()
-        self._log_listener = logging.handlers.QueueListener(
-            self._log_queue, *logging.getLogger().handlers, respect_handler_level=True
-        )
+        self._log_channel = LogChannel()
 
     @property
     def in_turn(self) -> bool:
@@ -271,9 +271,9 @@ class ServingProcesses:
         """Start every process with a clone of ``mount_fd``; call once the kernel's INIT
         exchange is over (a clone could otherwise read the INIT request)."""
         self._mount_fd = mount_fd
-        self._log_listener.start()
+        self._log_channel.start()
         for server in self._servers:
-            server.start(self._mount_fd, self._log_queue)
+            server.start(self._mount_fd, self._log_channel.writer)
         log.info("started %d serving processes besides the daemon", len(self._servers))
 
     async def wait_ready(self, seconds: float) -> None:
@@ -362,7 +362,7 @@ class ServingProcesses:
             # clone the device and open what the user may not), and they drop by
             # themselves.  Only for the call: the daemon's other tasks go on as the user.
             with as_root(self._setup.user if os.geteuid() != 0 else None):
-                server.start(self._mount_fd, self._log_queue)
+                server.start(self._mount_fd, self._log_channel.writer)
 
     def _killed_overdue(self, server: _Server, process: BaseProcess) -> bool:
         """Kill ``process`` if it is past its request's deadline; whether it was."""
@@ -387,18 +387,14 @@ class ServingProcesses:
     def close(self) -> None:
         for server in self._servers:
             server.stop()
-        if self._mount_fd is not None:
-            self._log_listener.stop()
-        self._log_queue.close()
+        self._log_channel.stop()
 
 
 def _serving_main(
-    connection: Connection, setup: ServingSetup, index: int, log_queue: Queue[logging.LogRecord]
+    connection: Connection, setup: ServingSetup, index: int, log_writer: socket.socket
 ) -> None:
     """A serving process: open the source, build the stack, answer requests until unmount."""
-    logging.basicConfig(
-        level=setup.log_level, handlers=[logging.handlers.QueueHandler(log_queue)], force=True
-    )
+    logging.basicConfig(level=setup.log_level, handlers=[handler(log_writer)], force=True)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent()
     device = reduction.recv_handle(connection)
@@ -461,10 +457,10 @@ def _serve_clone(
             # It decodes what it serves, so it keeps no id of root: the daemon unmounts.
             if setup.user is not None:
                 setup.user.become()
-            connection.send("ready")
+            connection.send_bytes(_READY)
             trio.run(_serve_in_turn, channel, serving, slot, options.read_timeout_seconds)
         else:
-            connection.send("ready")
+            connection.send_bytes(_READY)
             with acting_as(setup.user):
                 trio.run(_serve, channel, serving)
         log.info("the mount went away: serving process %d stops", index)
