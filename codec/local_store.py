@@ -22,9 +22,11 @@ class LocalStore:
     would pull megabytes per cut from slow storage; :meth:`prefetch` asks for
     the span a decode will read instead, in one request.
 
-    A file is pinned by its (inode, size, modification time) when first used;
-    :meth:`check_unchanged` compares them again (one ``stat``), so a shard
-    rewritten or replaced under a mount is refused rather than served.
+    A file is pinned by its (inode, size, modification time) when first used,
+    taken from the descriptor it is mapped from; :meth:`check_unchanged`
+    compares them again (one ``stat``), and a file opened again after its map was
+    closed must match them, so a shard rewritten or replaced under a mount is
+    refused rather than served.
     """
 
     def __init__(
@@ -51,14 +53,16 @@ class LocalStore:
         return len(self._map(name))
 
     def version(self, name: str) -> str:
+        """The file's pin as text (see :func:`file_version`): of the descriptor mapped, or,
+        before the file is mapped, of its path now (the map must then match it)."""
         stamp = self._stamps.get(name)
         if stamp is None:
             stamp = self._stamps.setdefault(name, file_stamp(self.path(name)))
-        return "{}:{}:{}".format(*stamp)
+        return _version_text(stamp)
 
     def check_unchanged(self, name: str) -> None:
         pinned = self.version(name)
-        if "{}:{}:{}".format(*file_stamp(self.path(name))) != pinned:
+        if file_version(self.path(name)) != pinned:
             raise ShardFormatError(
                 "the file changed since it was opened (rewritten or replaced?): "
                 "remount to serve the new one",
@@ -106,6 +110,20 @@ class LocalStore:
                 mapped.close()
         self._maps.clear()
 
+    def _pin(self, name: str, descriptor: int) -> None:
+        """Pin the file by the descriptor about to be mapped (not by its path: a file
+        renamed into place between the open and a ``stat`` would be pinned for the one
+        mapped); a file pinned before, and opened again once its map was closed, must
+        be the same unchanged file."""
+        status = os.fstat(descriptor)
+        stamp = (status.st_ino, status.st_size, status.st_mtime_ns)
+        if self._stamps.setdefault(name, stamp) != stamp:
+            raise ShardFormatError(
+                "the file changed since it was first opened (rewritten or replaced?): "
+                "remount to serve the new one",
+                where=name,
+            )
+
     def _map(self, name: str) -> mmap.mmap:
         """The file's map, made on first use; the least recently used maps beyond
         ``max_open_maps`` are closed, so serving many small files in place stays
@@ -117,7 +135,7 @@ class LocalStore:
         try:
             descriptor = self._opener(self.path(name))
             try:
-                self.version(name)
+                self._pin(name, descriptor)
                 mapped = mmap.mmap(descriptor, 0, access=mmap.ACCESS_READ)
             finally:
                 os.close(descriptor)
@@ -154,3 +172,12 @@ def file_stamp(path: str) -> tuple[int, int, int]:
     except OSError:
         return (-1, -1, -1)
     return (status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+def file_version(path: str) -> str:
+    """:func:`file_stamp` as the text :meth:`LocalStore.version` gives."""
+    return _version_text(file_stamp(path))
+
+
+def _version_text(stamp: tuple[int, int, int]) -> str:
+    return "{}:{}:{}".format(*stamp)

@@ -62,7 +62,7 @@ from cutfs.codec.limits import (
     MAX_RECORDING_SECONDS,
     MAX_SAMPLE_RATE_HZ,
 )
-from cutfs.codec.local_store import LocalStore, file_stamp
+from cutfs.codec.local_store import LocalStore, file_version
 from cutfs.codec.mapped_table import float_view, read_mapped
 from cutfs.codec.object_store import DEFAULT_STORE_DEADLINE_SECONDS, is_remote
 from cutfs.codec.pcm import Int16Array
@@ -375,7 +375,7 @@ class SourceIndex:
         self._plans: dict[int, Recording] = {}
         self._blobs: dict[int, tuple[str, int, int]] = {}
         #: (inode, size, modification time) of each blob's file when its plan was made.
-        self._blob_stamps: dict[int, tuple[int, int, int]] = {}
+        self._blob_stamps: dict[int, str] = {}
         #: What the catalogue was made from; decoder workers check they open the same.
         self.identity = hashlib.sha256(
             json.dumps([info.get("version"), info.get("stamp"), info.get("policy")]).encode()
@@ -776,10 +776,17 @@ class SourceIndex:
                     used += entry.stat().st_size
         return self.policy.cache_quota_bytes - used
 
-    def _stamp(self, source: str) -> Any:
-        """What tells that a recording's audio changed: a file's stamp, or the version an
-        object's reads are pinned to (a changed object fails its reads by itself)."""
-        return self.store.version(source) if is_remote(source) else file_stamp(source)
+    def _stamp(self, source: str) -> str:
+        """What tells that a recording's audio changed: a file's stamp now, or the version
+        an object's reads are pinned to (a changed object fails its reads by itself)."""
+        return self.store.version(source) if is_remote(source) else file_version(source)
+
+    def _read_stamp(self, source: str) -> str:
+        """The stamp of what the store reads for ``source``: for a file, taken from the
+        descriptor it mapped (mapped now if need be), whatever its path holds since."""
+        if not is_remote(source):
+            self.store.size(source)
+        return self.store.version(source)
 
     def _source_size(self, source: str) -> int:
         try:
@@ -861,7 +868,11 @@ class SourceIndex:
         self, recording_index: int, plan: Recording, first: int, end: int, trace: DecodeTrace | None
     ) -> Int16Array:
         path, start, stop = self._blobs[recording_index]
-        if self._stamp(path) != self._blob_stamps.get(recording_index):
+        indexed = self._blob_stamps.get(recording_index)
+        # The file at the path now, and the file the store maps (opened after a check of
+        # the path, it could be another renamed into place between the two): both must
+        # be the one indexed.
+        if self._stamp(path) != indexed or self._read_stamp(path) != indexed:
             raise SourceError(
                 "the audio file changed since its recording was indexed: remount (or wait "
                 "for the index to be rebuilt) to serve the new audio",
