@@ -411,7 +411,7 @@ def _decoded_frames(
                 mark = _phase(trace, "convert", mark)
             if filled >= end:
                 if staging is not None:  # float decoders: one conversion for the whole range
-                    output[:] = float_to_s16(staging)
+                    float_to_s16(staging, out=output)
                     if profile:
                         _phase(trace, "convert", mark)
                 return output

@@ -16,7 +16,7 @@ from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import served_paths
 from cutfs.codec.path_escape import escape_id, unescape_path
-from cutfs.codec.pcm import packed_to_s16
+from cutfs.codec.pcm import float_to_s16, packed_to_s16
 from cutfs.codec.resampler import Resampler
 from cutfs.codec.riff import parse_riff_wave
 from cutfs.codec.seek_index import SeekIndex
@@ -153,6 +153,21 @@ def test_pcm_conversions_keep_the_top_bits() -> None:
     f32 = np.array([0.5, -1.0, 1.0, 1.5, 0.5 / 32768, 1.5 / 32768], dtype="<f4").tobytes()
     assert packed_to_s16(f32, "f32").tolist() == [16384, -32768, 32767, 32767, 0, 2]
     assert packed_to_s16(bytes([0, 128, 255]), "u8").tolist() == [-32768, 0, 32512]
+
+
+def test_float_samples_convert_as_lrintf_of_the_scaled_value_in_double() -> None:
+    """32-bit samples are converted in 32-bit arithmetic: the integers must be those of
+    the exact computation, ``lrint(x * 32768.0)`` in double and clipped, for a spread
+    of every finite float32 (one bit pattern in 4099), halfway cases and clipping."""
+    patterns = np.arange(0, 1 << 32, 4099, dtype=np.uint64).astype(np.uint32)
+    values = patterns.view(np.float32)
+    halfway = (np.arange(-40, 40, dtype=np.float32) + np.float32(0.5)) / np.float32(32768)
+    values = np.concatenate([values[np.isfinite(values)], halfway, [np.float32(np.inf)]])
+    expected = np.clip(np.rint(values.astype(np.float64) * 32768.0), -32768, 32767)
+    assert np.array_equal(float_to_s16(values), expected.astype(np.int16))
+    out = np.empty((len(values) // 2, 2), dtype=np.int16)
+    float_to_s16(values[: 2 * len(out)].reshape(-1, 2), out=out)
+    assert np.array_equal(out.ravel(), expected[: 2 * len(out)].astype(np.int16))
 
 
 def test_riff_parser_finds_data_after_other_chunks() -> None:
