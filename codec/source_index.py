@@ -781,12 +781,11 @@ class SourceIndex:
         an object's reads are pinned to (a changed object fails its reads by itself)."""
         return self.store.version(source) if is_remote(source) else file_version(source)
 
-    def _read_stamp(self, source: str) -> str:
-        """The stamp of what the store reads for ``source``: for a file, taken from the
-        descriptor it mapped (mapped now if need be), whatever its path holds since."""
-        if not is_remote(source):
-            self.store.size(source)
-        return self.store.version(source)
+    def _mapped_stamp(self, path: str) -> str:
+        """The stamp of the file the store reads for ``path``, taken from the descriptor
+        it mapped (mapped now if need be), whatever the path holds since."""
+        self.store.size(path)
+        return self.store.version(path)
 
     def _source_size(self, source: str) -> int:
         try:
@@ -871,8 +870,10 @@ class SourceIndex:
         indexed = self._blob_stamps.get(recording_index)
         # The file at the path now, and the file the store maps (opened after a check of
         # the path, it could be another renamed into place between the two): both must
-        # be the one indexed.
-        if self._stamp(path) != indexed or self._read_stamp(path) != indexed:
+        # be the one indexed.  An object's reads are pinned to its version already.
+        if self._stamp(path) != indexed or (
+            not is_remote(path) and self._mapped_stamp(path) != indexed
+        ):
             raise SourceError(
                 "the audio file changed since its recording was indexed: remount (or wait "
                 "for the index to be rebuilt) to serve the new audio",

@@ -460,12 +460,11 @@ class _Worker:
     def last_words(self) -> CutfsError | None:
         """The error a worker sent before it ended and nobody read (why it could not open
         the library), if there is one; never waits."""
-        connection = self._connection
         try:
             for _ in range(_MOST_LAST_MESSAGES):
-                if connection is None or not connection.poll(0):
+                if self._connection is None or not self._connection.poll(0):
                     return None
-                message = decode(connection.recv_bytes(MOST_MESSAGE_BYTES))
+                message = self.receive()
                 if isinstance(message, StartFailed):
                     return message.error
         except (EOFError, OSError, BadMessageError):
