@@ -506,12 +506,34 @@ def all_files(mountpoint: str) -> list[str]:
 
 def assert_same_files(mountpoint: str, reference: str) -> None:
     """Every file of ``mountpoint`` (but its control directory) is in ``reference`` with the
-    same bytes, and the other way round; there are cut files among them."""
+    same bytes, and the other way round; there are cut files among them.
+
+    Except for the samples of lossy recordings, which may differ by 1 LSB: a lossy
+    decoder's float output depends slightly on the seek point it started from, and which
+    one a mount starts from depends on the reads it was asked before (the session's
+    mount has served parts of every recording to other tests; measured: 1 partial read of
+    60 of ``opus_stereo_48k`` differed by 1 LSB from the whole read).
+    """
     files = all_files(mountpoint)
     assert files == all_files(reference)
     assert sum(name.endswith(".wav") for name in files) > 30
     for name in files:
-        assert file_content(mountpoint, name) == file_content(reference, name), name
+        ours, theirs = file_content(mountpoint, name), file_content(reference, name)
+        if ours != theirs and name.endswith(".wav") and _of_lossy_recording(name):
+            assert len(ours) == len(theirs) and ours[:44] == theirs[:44], name
+            samples, expected = (np.frombuffer(data[44:], "<i2") for data in (ours, theirs))
+            difference = np.abs(samples.astype(np.int32) - expected.astype(np.int32))
+            assert int(difference.max()) <= 1, name
+        else:
+            assert ours == theirs, name
+
+
+def _of_lossy_recording(name: str) -> bool:
+    """Whether the cut or recording file ``name`` holds samples of a lossy test encoding
+    (the test cut ids start with their recording's id)."""
+    lossy = {recording_id(encoding.name) for encoding in ENCODINGS if not encoding.lossless}
+    file_name = name.split(os.sep, 1)[-1]
+    return any(file_name.startswith(recording) for recording in lossy)
 
 
 def file_content(mountpoint: str, name: str) -> bytes:
