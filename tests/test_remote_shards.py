@@ -17,10 +17,10 @@ from conftest import (
     CUTFS,
     S3Server,
     all_files,
+    assert_same_file,
     assert_same_files,
     cut_path,
     cut_plan,
-    file_content,
     mounted,
     needs_fuse,
 )
@@ -207,7 +207,7 @@ def test_pack_uploads_to_object_storage_and_a_replaced_shard_is_refused_at_mount
         with mounted(uri, str(tmp_path / "mnt"), "--cache-dir", cache) as mnt:
             for name in all_files(mount):
                 if name.endswith(".wav"):
-                    assert file_content(mnt, name) == file_content(mount, name), name
+                    assert_same_file(mnt, mount, name)
         again = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
         assert again.returncode != 0
         assert "already holds a shard directory" in again.stderr
