@@ -26,12 +26,12 @@ from typing import Any, Final
 
 import av
 import numpy as np
-import numpy.typing as npt
 import soundfile
 
 from cutfs.codec.blob import Blob
 from cutfs.codec.errors import CorruptDataError, CutfsError
 from cutfs.codec.flac_frame import MAX_HEADER_BYTES, frame_first_sample
+from cutfs.codec.float_staging import FLOAT_FORMATS, FloatStaging
 from cutfs.codec.pcm import Int16Array, float_to_s16, int_to_s16, packed_to_s16, sample_bytes
 from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording, pts_to_frames
 from cutfs.codec.seek_index import SeekPoint
@@ -44,7 +44,6 @@ SAFE_DEMUXERS = "wav,w64,flac,mp3,ogg,mov,aac,matroska,asf,wv,aiff,caf,nistspher
 #: Options for every FFmpeg input: only :data:`SAFE_DEMUXERS`, and no protocol at all,
 #: so that no demuxer opens anything besides the bytes it is given.
 _SAFE_INPUT: dict[str, str] = {"format_whitelist": SAFE_DEMUXERS, "protocol_whitelist": ""}
-_FLOAT_FORMATS = frozenset({"flt", "fltp"})
 
 
 #: The phases a profiled trace times (see :class:`DecodeTrace`).
@@ -369,7 +368,7 @@ def _decoded_frames(
     output = np.empty((end - first, recording.channels), dtype=np.int16)
     # Float samples are gathered as they come and converted once at the end:
     # per-frame conversion costs more than decoding for small frames (MP3, Opus).
-    staging: npt.NDArray[np.float32] | None = None
+    staging: FloatStaging | None = None
     filled = first  # every frame before this position is in ``output``
     reader = _reader_at(blob, recording, point)
     with (
@@ -396,15 +395,20 @@ def _decoded_frames(
                 )
             take_from = filled - position
             take = min(samples - take_from, end - filled)
-            if filled == first and frame.format.name in _FLOAT_FORMATS:
-                staging = np.empty(output.shape, dtype=np.float32)
-            _place(frame, take_from, take, output, staging, filled - first)
+            if filled == first and frame.format.name in FLOAT_FORMATS:
+                staging = FloatStaging(end - first, recording.channels, frame.format.name)
+            if staging is not None:
+                staging.put(frame, take_from, take, filled - first)
+            else:
+                output[filled - first : filled - first + take] = frame_to_s16(frame)[
+                    take_from : take_from + take
+                ]
             filled += take
             if profile:
                 mark = _phase(trace, "convert", mark)
             if filled >= end:
                 if staging is not None:  # float decoders: one conversion for the whole range
-                    float_to_s16(staging, out=output)
+                    staging.convert_into(output)
                     if profile:
                         _phase(trace, "convert", mark)
                 return output
@@ -445,35 +449,6 @@ def _positioned(
         trace.frames_decoded += decoded
         trace.bytes_read += reader.bytes_read - reader.bytes_read_reported
         reader.bytes_read_reported = reader.bytes_read
-
-
-def _place(
-    frame: Any,
-    take_from: int,
-    take: int,
-    output: Int16Array,
-    staging: npt.NDArray[np.float32] | None,
-    at: int,
-) -> None:
-    """Copy ``take`` frames from ``take_from`` on of a decoded frame to row ``at``.
-
-    Float samples go to ``staging`` (converted later), others are converted now.
-    """
-    if (staging is not None) != (frame.format.name in _FLOAT_FORMATS):
-        raise CorruptDataError(f"the sample format changed to {frame.format.name}")
-    if staging is not None:
-        # Views of the frame's own buffers: to_ndarray() would copy, and its
-        # fixed cost dominates for 20 ms frames.
-        channels = staging.shape[1]
-        if frame.format.is_planar:
-            for channel, plane in enumerate(frame.planes[:channels]):
-                plane_samples = np.frombuffer(plane, dtype=np.float32, count=frame.samples)
-                staging[at : at + take, channel] = plane_samples[take_from : take_from + take]
-        else:
-            flat = np.frombuffer(frame.planes[0], dtype=np.float32, count=frame.samples * channels)
-            staging[at : at + take] = flat.reshape(-1, channels)[take_from : take_from + take]
-        return
-    output[at : at + take] = frame_to_s16(frame)[take_from : take_from + take]
 
 
 def _phase(trace: DecodeTrace, phase: str, since: float) -> float:

@@ -29,9 +29,13 @@ PCM_DTYPES: Final[dict[str, str]] = {
 }
 
 
-def float_to_s16(samples: npt.NDArray[np.floating], out: Int16Array | None = None) -> Int16Array:
+def float_to_s16(
+    samples: npt.NDArray[np.floating], out: Int16Array | None = None, *, in_place: bool = False
+) -> Int16Array:
     """Scale, round half to even and clip, as ``lrintf(x * 32768)`` does; into ``out``
-    (of the same shape) when given.
+    (of the same shape) when given.  With ``in_place`` (32-bit samples only) the
+    scaling and rounding are done in ``samples`` themselves, which are lost: no
+    temporary array.
 
     32-bit samples are converted in 32-bit arithmetic, which gives the same integers:
     scaling by a power of two is exact (a value that overflows to infinity clips as
@@ -41,8 +45,13 @@ def float_to_s16(samples: npt.NDArray[np.floating], out: Int16Array | None = Non
     decoding.  Other samples are converted in 64-bit arithmetic.
     """
     precision = np.float32 if samples.dtype == np.float32 else np.float64
+    if in_place and samples.dtype != np.float32:
+        raise ValueError("only 32-bit samples are converted in place")
     with np.errstate(over="ignore"):
-        scaled = np.multiply(samples, precision(32768.0), dtype=precision)
+        if in_place:
+            scaled = np.multiply(samples, precision(32768.0), out=samples)
+        else:
+            scaled = np.multiply(samples, precision(32768.0), dtype=precision)
     np.rint(scaled, out=scaled)
     np.clip(scaled, -32768, 32767, out=scaled)
     if out is None:

@@ -7,14 +7,16 @@ import itertools
 import struct
 import wave
 
+import av
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cutfs.codec.cut import seconds_to_frames
-from cutfs.codec.errors import ShardFormatError
+from cutfs.codec.errors import CorruptDataError, ShardFormatError
 from cutfs.codec.file_tree import served_paths
+from cutfs.codec.float_staging import FloatStaging
 from cutfs.codec.path_escape import escape_id, unescape_path
 from cutfs.codec.pcm import float_to_s16, packed_to_s16
 from cutfs.codec.resampler import Resampler
@@ -168,6 +170,42 @@ def test_float_samples_convert_as_lrintf_of_the_scaled_value_in_double() -> None
     out = np.empty((len(values) // 2, 2), dtype=np.int16)
     float_to_s16(values[: 2 * len(out)].reshape(-1, 2), out=out)
     assert np.array_equal(out.ravel(), expected[: 2 * len(out)].astype(np.int16))
+
+
+def test_float_samples_in_place_convert_as_into_a_new_array() -> None:
+    values = np.array([0.5, -1.0, 1.0, 1.5, 0.5 / 32768, 1.5 / 32768, np.inf], dtype=np.float32)
+    expected = float_to_s16(values)
+    assert np.array_equal(float_to_s16(values.copy(), in_place=True), expected)
+    with pytest.raises(ValueError):
+        float_to_s16(values.astype(np.float64), in_place=True)
+
+
+@pytest.mark.parametrize("sample_format", ["fltp", "flt"])
+@pytest.mark.parametrize("layout", ["mono", "stereo", "5.1"])
+def test_float_staging_gathers_parts_of_frames_in_place(sample_format: str, layout: str) -> None:
+    """Frames of a float decoder, each taken from some sample on, gathered and converted:
+    the integers of the whole signal converted at once, in double, for planar and packed
+    PyAV frames of 1, 2 and 6 channels."""
+    channels = {"mono": 1, "stereo": 2, "5.1": 6}[layout]
+    rng = np.random.default_rng(channels)
+    signal = rng.uniform(-1.1, 1.1, size=(1000, channels)).astype(np.float32)
+    sizes, skips = [120, 240, 7, 480, 153], [30, 0, 3, 0, 0]
+    staging = FloatStaging(sum(sizes) - sum(skips), channels, sample_format)
+    kept, at, start = [], 0, 0
+    for size, skip in zip(sizes, skips, strict=True):
+        part = signal[start : start + size]
+        array = part.T.copy() if sample_format == "fltp" else part.reshape(1, -1).copy()
+        frame = av.AudioFrame.from_ndarray(array, format=sample_format, layout=layout)
+        staging.put(frame, skip, size - skip, at)
+        kept.append(part[skip:])
+        at, start = at + size - skip, start + size
+    output = np.empty((at, channels), dtype=np.int16)
+    staging.convert_into(output)
+    wanted = np.concatenate(kept).astype(np.float64) * 32768.0
+    assert np.array_equal(output, np.clip(np.rint(wanted), -32768, 32767).astype(np.int16))
+    other = "flt" if sample_format == "fltp" else "fltp"
+    with pytest.raises(CorruptDataError, match="changed"):
+        staging.put(av.AudioFrame(format=other, layout=layout, samples=4), 0, 4, 0)
 
 
 def test_riff_parser_finds_data_after_other_chunks() -> None:
