@@ -177,7 +177,9 @@ def main() -> int:
             epochs[system].append(row)
             print(
                 f"bench: {system:22s} {row['cuts_per_second']:7.1f} cuts/s, "
-                f"{100 * row['waited_fraction']:.0f}% of steps waited",
+                f"{100 * row['waited_fraction']:.0f}% of steps waited, "
+                f"CPU {100 * row['cpu_busy_fraction']:.0f}% busy, "
+                f"{row['cpu_ms_per_cut']:.2f} ms per cut",
                 flush=True,
             )
     rows = [
@@ -269,6 +271,7 @@ def _epoch(torch: Any, dataset: Any, workers: int, batch_size: int, device: str)
         persistent_workers=False,
     )
     steps = waited = cuts = 0
+    busy_before = _busy_cpu_seconds()
     started = time.perf_counter()
     iterator = iter(loader)
     while True:
@@ -288,12 +291,23 @@ def _epoch(torch: Any, dataset: Any, workers: int, batch_size: int, device: str)
     if device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
+    busy = _busy_cpu_seconds() - busy_before
     return {
         "cuts": cuts,
         "seconds": round(seconds, 2),
         "cuts_per_second": round(cuts / seconds, 1),
         "waited_fraction": round(waited / max(steps, 1), 3),
+        "cpu_busy_fraction": round(busy / (seconds * (os.cpu_count() or 1)), 3),
+        "cpu_ms_per_cut": round(1000 * busy / max(cuts, 1), 2),
     }
+
+
+def _busy_cpu_seconds() -> float:
+    """CPU time the whole machine spent busy so far (every process, the kernel too):
+    /proc/stat's first line less idle and I/O wait, in seconds."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n")[0].split()[1:8]]
+    idle = fields[3] + fields[4]
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _markdown(results: dict[str, Any]) -> str:

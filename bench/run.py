@@ -165,7 +165,9 @@ def _prepare(work: Path, lengths: dict[str, float], samples: int) -> Setup:
     lengths_by_id = {rid: lengths[rid.split("_")[1]] for rid in corpus}
     rng = random.Random(42)
     cuts = {rid: _spread_cuts(rid, seconds, samples, rng) for rid, seconds in lengths_by_id.items()}
-    key = "-".join(sorted(lengths))  # quick and full runs keep separate shards and cuts
+    # Runs with other lengths or another number of cuts keep shards and cuts of their own
+    # (shards packed for other cuts would serve none of these).
+    key = "-".join(sorted(lengths)) + f"-{samples}"
     shards = work / f"shards-{key}"
     manifests = _manifests(work, corpus, lengths_by_id, cuts)
     if not (shards / "manifest.json").exists():
