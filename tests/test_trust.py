@@ -748,6 +748,9 @@ def test_read_timeout_covers_waiting_for_a_busy_worker(
     # By the daemon, as it stopped.  The group dies a moment before the line is written
     # (the killing child is reaped first), and the unmount does not wait for the daemon.
     _assert_logged_soon(log, "killed the process group", 20)
+    # The worker the unmount interrupted is stopped, not replaced only to be killed.
+    assert "was interrupted as the mount stopped" in log.read_text()
+    assert "replacing it" not in log.read_text()
 
 
 def _assert_logged_soon(log: Path, text: str, seconds: float) -> None:

@@ -133,6 +133,8 @@ class DecodePool:
         self._threads = trio.CapacityLimiter(2)
         self._restarts = 0
         self._notes: set[str] = set()
+        #: Set once the mount stops serving: a worker stopped from then on is not replaced.
+        self._retired = False
 
     @property
     def deadline_seconds(self) -> float:
@@ -155,6 +157,12 @@ class DecodePool:
             for worker in list(self._idle):
                 if not worker.alive():
                     self._replace(worker, "died while idle")
+
+    def retire(self) -> None:
+        """Replace no worker from now on: the mount stopped serving, and the requests still
+        running (indexing in the background) are being cancelled.  A worker they
+        interrupt is stopped, not started again only to be killed by :meth:`close`."""
+        self._retired = True
 
     def close(self) -> None:
         for worker in self._workers:
@@ -344,6 +352,10 @@ class DecodePool:
         said before it ended, if it said why (it could not open the library)."""
         words = worker.last_words()
         because = f" ({words})" if words is not None else ""
+        if self._retired:
+            log.info("decoder worker %s %s as the mount stopped%s", worker.pid, reason, because)
+            worker.stop()
+            return words
         log.warning("decoder worker %s %s: replacing it%s", worker.pid, reason, because)
         self._restarts += 1
         worker.stop()

@@ -422,6 +422,7 @@ async def _run(
 
         with serving_scope:
             await _serve(servers, serving, user, ready)
+        pool.retire()  # what is still running is cancelled now, here and in system tasks
         nursery.cancel_scope.cancel()
 
 

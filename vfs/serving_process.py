@@ -473,6 +473,7 @@ async def _serve(channel: DeviceChannel, serving: ServingStack) -> None:
             nursery.start_soon(release_catalogue_pages)
             nursery.start_soon(publish_statistics, serving, doorbell)
             await channel.serve()
+            serving.pool.retire()
             nursery.cancel_scope.cancel()
 
 
