@@ -212,7 +212,7 @@ def _sndfile_frames(
         # The frames before ``first`` are read apart and dropped, so that the result is
         # an array of its own: a view into a longer one would be copied by the block
         # cache (which counts what it holds), a second 320 KB for a 10 s cut.
-        skipped = len(sound.read(first - point.sample, dtype="int16", always_2d=True))
+        skipped = _skip_frames(sound, first - point.sample)
         frames: Int16Array = sound.read(end - first, dtype="int16", always_2d=True)
         if trace.profile:
             _phase(trace, "decode", mark)
@@ -225,6 +225,29 @@ def _sndfile_frames(
             where=recording.recording_id,
         )
     return frames
+
+
+def _skip_frames(sound: soundfile.SoundFile, count: int) -> int:
+    """Decode and drop the next ``count`` frames, at most :data:`SKIP_CHUNK_FRAMES` at a
+    time; how many there were (fewer where the audio ends).
+
+    Seek points are about 0.5 s apart in the indexes cutfs writes, but an index comes
+    from a shard, which comes from anyone: one with a single point would have a read at
+    hour 35 skip 35 hours, and memory must not grow with that (the time it takes is the
+    read deadline's business)."""
+    skipped = 0
+    while skipped < count:
+        chunk = min(count - skipped, SKIP_CHUNK_FRAMES)
+        read = len(sound.read(chunk, dtype="int16", always_2d=True))
+        skipped += read
+        if read < chunk:
+            break
+    return skipped
+
+
+#: The most frames dropped by one read before a FLAC decode's first frame (4 s at
+#: 16 kHz; a normal skip, at most one seek point's distance, takes one read).
+SKIP_CHUNK_FRAMES: Final = 1 << 16
 
 
 #: The longest splice handed to libsndfile as a memory file (8 minutes of 16 kHz FLAC;

@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import threading
+import tracemalloc
 
 import pytest
 from conftest import Reference, recording_id
@@ -148,6 +149,29 @@ def test_an_index_starting_after_the_frames_asked_for_fails(
     plan = dataclasses.replace(recording, seek_index=late)
     with pytest.raises(CorruptDataError, match="seek index starts at frame 4000"):
         decode_frames(shards.blob(index), plan, 100, 200)
+
+
+def test_an_index_with_one_point_costs_time_not_memory(
+    shards: ShardSet, references: dict[str, Reference]
+) -> None:
+    """A seek index from a shard may leave any gap between points: with only the first,
+    a read near the end decodes the whole recording before it, in bounded pieces."""
+    name = "flac_s24_stereo_48k.flac"
+    index = _index(shards, name)
+    recording = shards.recording(index)
+    sparse = SeekIndex(recording.seek_index.samples[:1], recording.seek_index.byte_offsets[:1])
+    plan = dataclasses.replace(recording, seek_index=sparse)
+    first = recording.num_frames - 2 * recording.sample_rate
+    skipped_bytes = first * recording.channels * 2  # what one read of the skip would take
+    assert skipped_bytes > 4 << 20
+    tracemalloc.start()
+    try:
+        frames = decode_frames(shards.blob(index), plan, first, first + 1000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    references[name].assert_matches(frames, first)
+    assert peak < 2 << 20, peak
 
 
 def test_threads_that_decoded_leave_no_memory_file_behind(shards: ShardSet) -> None:
