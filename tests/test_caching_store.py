@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import data_bytes
 
 from cutfs.codec.cache_usage import FILE_NAME as CACHE_USAGE_FILE
 from cutfs.codec.caching_store import CachingStore
@@ -196,7 +197,7 @@ def test_processes_sharing_a_cache_directory_keep_to_one_bound(tmp_path: Path) -
                     pipe.close()
     data = [path for path in cache.iterdir() if path.suffix == ".data"]
     assert len(data) == 2
-    assert sum(path.stat().st_blocks * 512 for path in data) <= bound
+    assert sum(data_bytes(path) for path in data) <= bound
     assert sweeps["first.arrow"] >= 1
     assert sweeps["second.arrow"] >= 1  # 30 pieces of its own, but the first's count too
 
@@ -219,7 +220,7 @@ def test_a_damaged_usage_count_is_counted_again_from_the_maps(
             start = number * PIECE
             assert bytes(store.read("a.arrow", start, start + 10)) == payload[start : start + 10]
         assert store.counters()["sweeps"] >= 1
-    allocated = sum(p.stat().st_blocks * 512 for p in cache.iterdir() if p.suffix == ".data")
+    allocated = sum(data_bytes(p) for p in cache.iterdir() if p.suffix == ".data")
     assert allocated <= 20 * PIECE
 
 

@@ -26,6 +26,7 @@ from conftest import (
     assert_same_file,
     assert_same_files,
     cut_path,
+    data_bytes,
     file_content,
     mounted,
     needs_fuse,
@@ -357,7 +358,7 @@ def test_recordings_in_object_storage_are_served_in_place_from_allowed_prefixes_
             assert_same_file(mnt, mount, name)
         assert _stats(mnt)["store"]["sweeps"] > 0
     (directory,) = list(Path(cache).rglob("pieces"))
-    kept = sum(path.stat().st_blocks * 512 for path in directory.glob("*.data"))
+    kept = sum(data_bytes(path) for path in directory.glob("*.data"))
     assert 0 < kept <= bound
 
 
