@@ -483,7 +483,9 @@ async def _serve_in_turn(
     with serving_doorbell(serving) as doorbell:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(release_catalogue_pages)
-            nursery.start_soon(publish_statistics, serving, None)  # the channel answers rings
+            # Started, not just spawned: the loop below yields to trio about once a second,
+            # and the first figures must be there for the others before the first request.
+            await nursery.start(publish_statistics, serving, None)  # the channel answers rings
             await channel.serve_in_turn(slot, deadline_seconds, doorbell)
             nursery.cancel_scope.cancel()
 
@@ -508,19 +510,30 @@ def serving_doorbell(serving: ServingStack) -> Iterator[Doorbell | None]:
 _PUBLISH_SECONDS: Final = 1.0
 
 
-async def publish_statistics(serving: ServingStack, doorbell: Doorbell | None) -> None:
+async def publish_statistics(
+    serving: ServingStack,
+    doorbell: Doorbell | None,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Publish this process's statistics every second (a few KiB written and renamed),
-    and whenever its doorbell rings."""
+    and whenever its doorbell rings; started once the first figures are published."""
+    _publish(serving)
+    task_status.started()
     while True:
-        try:
-            serving.publish()
-        except Exception:  # statistics must never take the mount down
-            log.exception("cannot publish the statistics of this process")
         with trio.move_on_after(_PUBLISH_SECONDS):
             while doorbell is not None:
                 await trio.lowlevel.wait_readable(doorbell.fileno())
                 doorbell.answer()
             await trio.sleep_forever()
+        _publish(serving)
+
+
+def _publish(serving: ServingStack) -> None:
+    try:
+        serving.publish()
+    except Exception:  # statistics must never take the mount down
+        log.exception("cannot publish the statistics of this process")
 
 
 #: How often the catalogue's mapped pages are dropped from a process's page tables.
