@@ -362,13 +362,11 @@ class DeviceChannel:
                 except EOFError:
                     return
                 if request is None:
-                    woken_by = waiting.poll(_TURN_SECONDS)
-                    if trio.current_time() < next_turn and any(
-                        fd == self._fd for fd, _ in woken_by
-                    ):
-                        # A request woke the process: it is read before anything else
-                        # (the doorbell and the loop's other tasks cost a cold process
-                        # 0.1-0.2 ms, which the reader waited for).
+                    woken_by = {fd for fd, _ in waiting.poll(_TURN_SECONDS)}
+                    if woken_by == {self._fd} and trio.current_time() < next_turn:
+                        # Only a request woke the process: it is read before anything
+                        # else (the doorbell and the loop's other tasks cost a cold
+                        # process 0.1-0.2 ms, which the reader waited for).
                         continue
                 elif request.opcode in _NO_REPLY:
                     await self._answer(request)
