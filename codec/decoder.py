@@ -14,7 +14,6 @@ demuxer asks for are read, by bounded ranges.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import io
 import os
@@ -29,7 +28,6 @@ import av
 import numpy as np
 import soundfile
 
-from cutfs.codec import spare_threads
 from cutfs.codec.blob import Blob
 from cutfs.codec.errors import CorruptDataError, CutfsError
 from cutfs.codec.flac_frame import MAX_HEADER_BYTES, frame_first_sample
@@ -59,9 +57,7 @@ class DecodeTrace:
     ``frames_decoded`` counts every frame that came out of the decoder,
     including pre-roll and the frames before the wanted range;
     ``bytes_read`` counts the stored bytes read (header splice included);
-    ``plans_loaded`` counts the plans an index found in its cache rather than computed;
-    ``helper_parts`` counts the parts of decodes that helper threads decoded on idle
-    CPUs (see :func:`_sndfile_frames`).
+    ``plans_loaded`` counts the plans an index found in its cache rather than computed.
 
     With ``profile`` set, ``phase_seconds`` also accumulates where the time
     went: ``open`` (demuxer set-up and seek), ``decode`` (the decoder),
@@ -73,7 +69,6 @@ class DecodeTrace:
     frames_decoded: int = 0
     bytes_read: int = 0
     plans_loaded: int = 0
-    helper_parts: int = 0
     profile: bool = False
     phase_seconds: dict[str, float] = field(default_factory=dict)
     #: Things the caller should log once, such as audio that disagrees with its manifest.
@@ -184,110 +179,16 @@ def _pcm_frames(
 def _sndfile_frames(
     blob: Blob, recording: Recording, first: int, end: int, trace: DecodeTrace, arriving: bool
 ) -> Int16Array:
-    """FLAC through libsndfile, from the seek point at or before ``first``, in parts on
-    idle CPUs when there are some (:mod:`cutfs.codec.spare_threads`).
+    """FLAC through libsndfile, from the seek point at or before ``first``.
 
-    A range of at least two :data:`MIN_PART_SECONDS` is split at seek points into as
-    many parts as there are helpers free (plus the caller's); each part decodes into its
-    slice of the result, as :func:`_sndfile_part` would decode it alone, so the samples
-    are the same however it was split.  Bytes still ``arriving`` are decoded in one part,
-    as they come.  The caller's trace gets every part's frames and bytes; its phases time
-    the caller's part only.
+    libsndfile is given the stream's header and then the bytes from that point to the
+    one after ``end`` (:func:`sndfile_span`), as if the file had been cut there, and
+    decodes them straight through: it never seeks (libFLAC's seek probes frames around
+    the file, and python-soundfile seeks again after every read).  Bytes at hand go to
+    a memory file that libsndfile reads by plain system calls; bytes still ``arriving``
+    from remote storage, and spans too long for a memory file (reads of whole long
+    recordings), are read through :class:`SpliceReader` as they come.
     """
-    output = np.empty((end - first, recording.channels), dtype=np.int16)
-    starts = [] if arriving else _part_starts(recording, first, end)
-    if not starts:
-        _sndfile_part(blob, recording, first, end, output, trace, arriving)
-        return output
-    bounds = [first, *starts, end]
-    helpers = spare_threads.shared_threads()
-    part_traces = [DecodeTrace() for _ in starts]
-    opened = threading.Event()
-    parts = [
-        helpers.submit(
-            _sndfile_part,
-            blob,
-            recording,
-            a,
-            b,
-            output[a - first : b - first],
-            part_trace,
-            arriving=False,
-            start_after=opened,
-        )
-        for a, b, part_trace in zip(bounds[1:-1], bounds[2:], part_traces, strict=True)
-    ]
-    try:
-        head = output[: starts[0] - first]
-        _sndfile_part(blob, recording, first, starts[0], head, trace, False, opened=opened)
-    finally:
-        opened.set()
-        # The helpers write into ``output``: never hand it over (or raise) before they end.
-        concurrent.futures.wait(parts)
-    for part, part_trace in zip(parts, part_traces, strict=True):
-        part.result()  # raises what the part raised
-        trace.frames_decoded += part_trace.frames_decoded
-        trace.bytes_read += part_trace.bytes_read
-    trace.helper_parts += len(parts)
-    return output
-
-
-def _part_starts(recording: Recording, first: int, end: int) -> list[int]:
-    """Where the parts after the first of a split FLAC decode of ``[first, end)`` start
-    (seek points, increasing, inside the range); empty when it is not split."""
-    min_part_frames = max(round(MIN_PART_SECONDS * recording.sample_rate), 1)
-    most_parts = (end - first) // min_part_frames
-    if most_parts < 2:
-        return []
-    helpers = spare_threads.shared_threads().helpers_free()
-    parts = min(most_parts, helpers + 1)
-    starts: list[int] = []
-    for part in range(1, parts):
-        target = first + (end - first) * part // parts
-        start = recording.seek_index.point_at_or_before(target).sample
-        if start > (starts[-1] if starts else first):
-            starts.append(start)
-    return starts
-
-
-#: The shortest part a FLAC decode is split into (see :func:`_sndfile_frames`): shorter
-#: ones save less than a hand-off to another thread and a second open cost.
-MIN_PART_SECONDS: Final = 2.0
-
-
-def _sndfile_part(
-    blob: Blob,
-    recording: Recording,
-    first: int,
-    end: int,
-    output: Int16Array,
-    trace: DecodeTrace,
-    arriving: bool,
-    *,
-    opened: threading.Event | None = None,
-    start_after: threading.Event | None = None,
-) -> None:
-    """Decode frames ``[first, end)`` into ``output`` (of as many rows); set ``opened``
-    once the sound file is open, and wait for ``start_after`` before anything.
-
-    A later part of a split decode starts after the caller's part is open.  Opening a
-    sound file is mostly Python, under the GIL, as is a part's set-up; run at the same
-    time, two threads hand the GIL back and forth, each hand-off a wake-up of another
-    CPU.  Measured through a mount (a virtual machine's CPUs): the caller's open took
-    1.3-2.0 ms beside a helper's against 0.6 ms alone, and the split saved nothing.
-    Gated, the helper opens while the caller decodes (libsndfile runs without the GIL).
-
-    libsndfile is given the stream's header and then the bytes from the seek point at
-    or before ``first`` to the one after ``end`` (:func:`sndfile_span`), as if the file
-    had been cut there, and decodes them straight through: it never seeks (libFLAC's seek
-    probes frames around the file, and python-soundfile seeks again after every read).
-    Bytes at hand go to a memory file that libsndfile reads by plain system calls (and
-    so without the GIL); bytes still ``arriving`` from remote storage, and spans too long
-    for a memory file (reads of whole long recordings), are read through
-    :class:`SpliceReader` as they come.
-    """
-    if start_after is not None:
-        start_after.wait()
     mark = time.perf_counter() if trace.profile else 0.0
     point, stop = sndfile_span(recording, len(blob), first, end)
     if point.sample > first:
@@ -308,13 +209,14 @@ def _sndfile_part(
         sound = stack.enter_context(_ForwardSoundFile(source, mode="r", closefd=False))
         if trace.profile:
             mark = _phase(trace, "open", mark)
-        if opened is not None:
-            opened.set()
+        # The frames before ``first`` are read apart and dropped, so that the result is
+        # an array of its own: a view into a longer one would be copied by the block
+        # cache (which counts what it holds), a second 320 KB for a 10 s cut.
         skipped = _skip_frames(sound, first - point.sample)
-        read = len(sound.read(dtype="int16", always_2d=True, out=output)) if len(output) else 0
+        frames: Int16Array = sound.read(end - first, dtype="int16", always_2d=True)
         if trace.profile:
             _phase(trace, "decode", mark)
-    decoded = skipped + read
+    decoded = skipped + len(frames)
     trace.frames_decoded += decoded
     trace.bytes_read += spliced_bytes
     if decoded != end - point.sample:
@@ -322,6 +224,7 @@ def _sndfile_part(
             f"audio ends at frame {point.sample + decoded}, expected {end}",
             where=recording.recording_id,
         )
+    return frames
 
 
 def _skip_frames(sound: soundfile.SoundFile, count: int) -> int:
@@ -401,11 +304,10 @@ def sndfile_span(
     recording: Recording, blob_bytes: int, first: int, end: int
 ) -> tuple[SeekPoint, int]:
     """Where a FLAC decode of frames ``[first, end)`` starts (the seek point at or before
-    ``first``) and the byte where its span ends (the first seek point after frame
-    ``end - 1``, or the end of the blob): the bytes it reads besides the header.  A range
-    ending at a seek point (a part of a split decode) ends its span there."""
+    ``first``) and the byte where its span ends (the seek point after ``end``, or the end
+    of the blob): the bytes it reads besides the header."""
     index = recording.seek_index
-    after = index.first_point_after(end - 1)
+    after = index.first_point_after(end)
     return index.point_at_or_before(first), blob_bytes if after is None else after.byte_offset
 
 

@@ -7,19 +7,15 @@ import json
 import os
 import random
 import subprocess
-import sys
 import threading
-import time
 import tracemalloc
-from collections.abc import Iterator
 
-import numpy as np
 import pytest
 from conftest import Reference, recording_id
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cutfs.codec import decoder, spare_threads
+from cutfs.codec import decoder
 from cutfs.codec.decoder import DecodeTrace, decode_frames
 from cutfs.codec.errors import CorruptDataError
 from cutfs.codec.flac_frame import frame_first_sample
@@ -97,7 +93,6 @@ def test_any_bytes_give_a_sample_or_none_and_never_raise(data: bytes, sync: byte
 
 
 @pytest.mark.parametrize("name", FLAC_NAMES)
-@pytest.mark.usefixtures("no_helpers")
 def test_long_splices_stream_and_match_the_full_decode(
     name: str,
     shards: ShardSet,
@@ -106,8 +101,7 @@ def test_long_splices_stream_and_match_the_full_decode(
 ) -> None:
     """Splices too long for a memory file are read through the bounded reader instead,
     with the same samples.  (That they read no byte past the splice is checked over
-    object storage, where a byte past it would cost a GET: test_remote_shards.)  In one
-    part: the parts of a split decode each read a header and their own span."""
+    object storage, where a byte past it would cost a GET: test_remote_shards.)"""
     monkeypatch.setattr(decoder, "MEMORY_SPLICE_BYTES", 1)
     index = _index(shards, name)
     recording = shards.recording(index)
@@ -191,106 +185,3 @@ def test_threads_that_decoded_leave_no_memory_file_behind(shards: ShardSet) -> N
         thread.start()
         thread.join()
     assert len(os.listdir("/proc/self/fd")) <= before
-
-
-@pytest.fixture
-def no_helpers() -> Iterator[None]:
-    """Decode every range in one part, on the calling thread."""
-    spare_threads.configure(0)
-    yield
-    spare_threads.configure(spare_threads.MOST_HELPERS)
-
-
-@pytest.fixture
-def helpers_always() -> Iterator[None]:
-    """Split every long enough FLAC decode over three helpers, idle CPUs or not."""
-    spare_threads.configure(3, when_idle_only=False)
-    yield
-    spare_threads.configure(spare_threads.MOST_HELPERS)
-
-
-@pytest.mark.parametrize("name", FLAC_NAMES)
-@pytest.mark.usefixtures("helpers_always")
-def test_decodes_split_over_helper_threads_give_the_samples_of_the_full_decode(
-    name: str, shards: ShardSet, references: dict[str, Reference]
-) -> None:
-    index = _index(shards, name)
-    recording = shards.recording(index)
-    rate = recording.sample_rate
-    rng = random.Random(name)
-    ranges = [(0, 10 * rate), (recording.num_frames - 9 * rate, recording.num_frames)]
-    for _ in range(8):
-        first = rng.randrange(recording.num_frames - 5 * rate)
-        ranges.append((first, min(recording.num_frames, first + rng.randrange(4, 20) * rate)))
-    for first, end in ranges:
-        trace = DecodeTrace()
-        frames = shards.read_frames(index, first, end, trace)
-        assert trace.helper_parts >= 1, (first, end)
-        assert trace.frames_decoded >= end - first
-        references[name].assert_matches(frames, first)
-        assert len(frames) == end - first
-
-
-@pytest.mark.usefixtures("helpers_always")
-def test_a_short_decode_is_not_split(shards: ShardSet, references: dict[str, Reference]) -> None:
-    name = "flac_mono_16k.flac"
-    index = _index(shards, name)
-    trace = DecodeTrace()
-    frames = shards.read_frames(index, 16000, 16000 + 3 * 16000, trace)
-    assert trace.helper_parts == 0
-    references[name].assert_matches(frames, 16000)
-
-
-def test_a_part_that_fails_on_a_helper_fails_the_decode(
-    shards: ShardSet, references: dict[str, Reference]
-) -> None:
-    """The second of two parts starts at a seek point whose byte offset is wrong: the
-    helper's check fails, and the caller raises it once both parts have ended."""
-    spare_threads.configure(1, when_idle_only=False)
-    try:
-        name = "flac_mono_16k.flac"
-        index = _index(shards, name)
-        recording = shards.recording(index)
-        first, end = 16000, 16000 + 10 * 16000
-        trace = DecodeTrace()
-        references[name].assert_matches(shards.read_frames(index, first, end, trace), first)
-        assert trace.helper_parts == 1
-        second = recording.seek_index.point_at_or_before((first + end) // 2)
-        position = int(np.searchsorted(recording.seek_index.samples, second.sample))
-        moved = recording.seek_index.byte_offsets.copy()
-        moved[position] += 1
-        plan = dataclasses.replace(
-            recording, seek_index=SeekIndex(recording.seek_index.samples, moved)
-        )
-        with pytest.raises(CorruptDataError, match="seek index says sample"):
-            decode_frames(shards.blob(index), plan, first, end)
-        # Nothing of the failed decode lingers: the helper is free for the next one.
-        trace = DecodeTrace()
-        references[name].assert_matches(shards.read_frames(index, first, end, trace), first)
-        assert trace.helper_parts == 1
-    finally:
-        spare_threads.configure(spare_threads.MOST_HELPERS)
-
-
-def test_no_helper_is_offered_while_every_cpu_is_busy() -> None:
-    """Busy loops on every CPU the process may use (real processes, always runnable):
-    the node's runnable count leaves no idle CPU, and a decode gets no helper."""
-    threads = spare_threads.SpareThreads(3)
-    cpus = spare_threads.usable_cpus()
-    assert 0 <= threads.idle_cpus() <= cpus
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpus)]
-    try:
-        while not all(_running(loop.pid) for loop in loops):
-            time.sleep(0.01)
-        assert [threads.helpers_free() for _ in range(20)] == [0] * 20
-    finally:
-        for loop in loops:
-            loop.kill()
-            loop.wait()
-        threads.close()
-    assert spare_threads.SpareThreads(0).helpers_free() == 0
-
-
-def _running(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] == "R"

@@ -241,29 +241,6 @@ def test_a_bad_process_count_is_refused(tmp_path: Path, shard_dir: str) -> None:
     assert "--serving-processes must be 1 to 64, not 0" in result.stderr
 
 
-@pytest.mark.parametrize(
-    ("option", "message"),
-    [
-        (["--decode-helpers", "-1"], "--decode-helpers must be 0 to 64, not -1"),
-        (["-o", "decode_helpers=65"], "--decode-helpers must be 0 to 64, not 65"),
-    ],
-)
-def test_a_bad_helper_count_is_refused(
-    tmp_path: Path, shard_dir: str, option: list[str], message: str
-) -> None:
-    (tmp_path / "mnt").mkdir()
-    result = subprocess.run(
-        [*CUTFS, "mount", "-f", *option, shard_dir, str(tmp_path / "mnt")],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert result.returncode == 2
-    assert message in result.stderr
-    assert not os.path.ismount(tmp_path / "mnt")
-
-
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:

@@ -41,7 +41,6 @@ from cutfs.codec.partition_packer import pack_partition
 from cutfs.codec.shard_upgrade import upgrade_shards
 from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
-from cutfs.codec.spare_threads import MOST_HELPERS
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
 from cutfs.vfs.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
 from cutfs.vfs.manpage import render_manpage
@@ -253,15 +252,6 @@ def _parser() -> argparse.ArgumentParser:
         "and cached reads while they decode",
     )
     mount_parser.add_argument(
-        "--decode-helpers",
-        type=int,
-        default=MOST_HELPERS,
-        metavar="N",
-        help="threads of each decoding process that decode parts of one FLAC cut at the "
-        "same time on CPUs idle at that moment, so that a cut read alone is not held to "
-        f"one CPU; never used while every CPU is busy (default {MOST_HELPERS}; 0: none)",
-    )
-    mount_parser.add_argument(
         "--read-timeout",
         type=float,
         default=DEFAULT_DEADLINE_SECONDS,
@@ -383,8 +373,7 @@ def _parser() -> argparse.ArgumentParser:
         "read_timeout=S, uid=N, gid=N, file_mode=0444, dir_mode=0555, log_file=PATH, "
         "cache_dir=DIR, window=S, overlap=S, sample_rate=HZ, mono, float32, debug, user=USER, "
         "allow_root=DIR, allow_objects=PREFIX, allow_commands, command_timeout=S, "
-        "index_cache_size=BYTES, serving_processes=N, decode_in_turn, no_decode_in_turn, "
-        "decode_helpers=N",
+        "index_cache_size=BYTES, serving_processes=N, decode_in_turn, no_decode_in_turn",
     )
     mount_parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     mount_parser.set_defaults(command="mount", run=_mount)
@@ -819,7 +808,6 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
         "index_cache_size": ("index_cache_size", _size),
         "disk_cache_size": ("disk_cache_size", _size),
         "serving_processes": ("serving_processes", int),
-        "decode_helpers": ("decode_helpers", int),
     }
     for group in args.options:
         for option in filter(None, (part.strip() for part in group.split(","))):
@@ -897,7 +885,6 @@ def _mount(args: argparse.Namespace) -> int:
             else 1
         ),
         decode_in_turn=args.decode_in_turn,
-        decode_helpers=args.decode_helpers,
     )
     ready_fd: int | None = args.ready_fd
 

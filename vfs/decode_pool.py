@@ -41,7 +41,6 @@ from typing import Final
 import numpy as np
 import trio
 
-from cutfs.codec import spare_threads
 from cutfs.codec.command_runner import announce_groups_to
 from cutfs.codec.decoder import DecodeTrace
 from cutfs.codec.errors import CutfsError, ShardFormatError
@@ -111,18 +110,13 @@ class DecodePool:
         policy: SourcePolicy | None = None,
         user: ServingUser | None = None,
         in_turn: RequestSlot | None = None,
-        decode_helpers: int = spare_threads.MOST_HELPERS,
     ) -> None:
         """``policy`` is what the library was opened with; ``user``, when given, is
         whom the worker processes become before they open it (see
         :mod:`cutfs.vfs.serving_user`).  ``in_turn``: decode in the caller, and give
-        indexing its longer deadline through this slot (``workers`` must be 0).
-        ``decode_helpers``: the most threads of a decoding process that decode parts of
-        one range on idle CPUs (see :mod:`cutfs.codec.spare_threads`; 0: none)."""
+        indexing its longer deadline through this slot (``workers`` must be 0)."""
         if in_turn is not None and workers:
             raise ValueError("a pool decoding in the caller has no workers")
-        if not workers:  # decodes run in this process
-            spare_threads.configure(decode_helpers)
         self._in_turn = in_turn
         if in_turn is not None:  # a command it starts is killed with this process
             announce_groups_to(in_turn.command_started)
@@ -131,7 +125,7 @@ class DecodePool:
         self._statistics = statistics or Statistics()
         self._profile = profile
         self._user = user
-        setup = _WorkerSetup(library.spec, library.identity, profile, policy, user, decode_helpers)
+        setup = _WorkerSetup(library.spec, library.identity, profile, policy, user)
         self._store_counts: dict[str, int] = {}
         self._workers = [_Worker(setup) for _ in range(workers)]
         self._idle = list(self._workers)
@@ -209,7 +203,6 @@ class DecodePool:
         self._statistics.count("frames_fetched_ahead", ahead_frames)
         self._statistics.count("frames_decoded", trace.frames_decoded)
         self._statistics.count("storage_bytes_read", trace.bytes_read)
-        self._statistics.count("decode_helper_parts", trace.helper_parts)
         for phase, seconds in trace.phase_seconds.items():
             self._statistics.observe(f"phase.{phase}", seconds)
         for note in trace.notes:
@@ -395,7 +388,6 @@ class _WorkerSetup:
     profile: bool
     policy: SourcePolicy | None
     user: ServingUser | None
-    decode_helpers: int
 
 
 class _Worker:
@@ -541,7 +533,6 @@ def _worker_main(connection: Connection, setup: _WorkerSetup) -> None:
     which the pool sees as a dead worker.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
-    spare_threads.configure(setup.decode_helpers)
     profile = setup.profile
     descriptor = multiprocessing.reduction.recv_handle(connection)
     pcm = mmap.mmap(descriptor, PCM_BUFFER_BYTES)

@@ -35,7 +35,6 @@ from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES, SourcePolicy
-from cutfs.codec.spare_threads import HELPERS_LIMIT, MOST_HELPERS
 from cutfs.vfs import kernel_tuning
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
 from cutfs.vfs.device_channel import DeviceChannel
@@ -143,9 +142,6 @@ class MountOptions:
     #: no decoder workers (see :meth:`DeviceChannel.serve_in_turn`); the command line's
     #: default.
     decode_in_turn: bool = False
-    #: The most threads of each decoding process that decode parts of one FLAC range on
-    #: CPUs idle at the time (see :mod:`cutfs.codec.spare_threads`; 0: none).
-    decode_helpers: int = MOST_HELPERS
 
 
 def open_source(
@@ -262,7 +258,12 @@ def serve(
     once the mount answers requests.
     """
     mountpoint = os.path.abspath(mountpoint)
-    _check_counts(options)
+    if not 1 <= options.serving_processes <= MAX_SERVING_PROCESSES:
+        raise MountError(
+            f"--serving-processes must be 1 to {MAX_SERVING_PROCESSES}, not "
+            f"{options.serving_processes}",
+            ExitCode.USAGE,
+        )
     _check_environment(mountpoint)
     remote = is_remote(shard_dir)
     user = _serving_user(options.user, None if remote else shard_dir)
@@ -547,20 +548,6 @@ def _serving_user(requested: str | None, source: str | None) -> ServingUser | No
         raise MountError(str(exc), ExitCode.USAGE) from exc
     except OSError as exc:
         raise MountError(f"{source}: {exc.strerror}", ExitCode.BAD_SHARDS) from exc
-
-
-def _check_counts(options: MountOptions) -> None:
-    if not 1 <= options.serving_processes <= MAX_SERVING_PROCESSES:
-        raise MountError(
-            f"--serving-processes must be 1 to {MAX_SERVING_PROCESSES}, not "
-            f"{options.serving_processes}",
-            ExitCode.USAGE,
-        )
-    if not 0 <= options.decode_helpers <= HELPERS_LIMIT:
-        raise MountError(
-            f"--decode-helpers must be 0 to {HELPERS_LIMIT}, not {options.decode_helpers}",
-            ExitCode.USAGE,
-        )
 
 
 def _check_environment(mountpoint: str) -> None:

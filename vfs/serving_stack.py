@@ -122,7 +122,6 @@ class ServingStack:
             policy=policy,
             user=user,
             in_turn=in_turn,
-            decode_helpers=options.decode_helpers,
         )
         stack.callback(pool.close)
         pool.start()  # the workers start while the tree is built
