@@ -196,6 +196,12 @@ def _sndfile_frames(
             f"the seek index starts at frame {point.sample}, after frame {first}",
             where=recording.recording_id,
         )
+    if not 0 <= point.byte_offset < stop <= len(blob):
+        raise CorruptDataError(
+            f"the seek index puts frames [{first}, {end}) at bytes "
+            f"[{point.byte_offset}, {stop}), outside the {len(blob)} bytes stored",
+            where=recording.recording_id,
+        )
     _check_flac_frame(blob, recording, point)
     header_bytes = min(recording.header_bytes, point.byte_offset)
     spliced_bytes = header_bytes + stop - point.byte_offset
@@ -304,10 +310,11 @@ def sndfile_span(
     recording: Recording, blob_bytes: int, first: int, end: int
 ) -> tuple[SeekPoint, int]:
     """Where a FLAC decode of frames ``[first, end)`` starts (the seek point at or before
-    ``first``) and the byte where its span ends (the seek point after ``end``, or the end
-    of the blob): the bytes it reads besides the header."""
+    ``first``) and the byte where its span ends (the first seek point after frame
+    ``end - 1``, or the end of the blob): the bytes it reads besides the header.  A range
+    that ends at a seek point ends its span there."""
     index = recording.seek_index
-    after = index.first_point_after(end)
+    after = index.first_point_after(end - 1)
     return index.point_at_or_before(first), blob_bytes if after is None else after.byte_offset
 
 

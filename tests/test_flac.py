@@ -185,3 +185,31 @@ def test_threads_that_decoded_leave_no_memory_file_behind(shards: ShardSet) -> N
         thread.start()
         thread.join()
     assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def test_a_range_ending_at_a_seek_point_reads_no_byte_past_it(
+    shards: ShardSet, references: dict[str, Reference]
+) -> None:
+    name = "flac_mono_16k.flac"
+    index = _index(shards, name)
+    recording = shards.recording(index)
+    samples = recording.seek_index.samples
+    offsets = recording.seek_index.byte_offsets
+    for start, stop in ((3, 7), (10, 11), (0, 5)):
+        first, end = int(samples[start]) + 5, int(samples[stop])
+        trace = DecodeTrace()
+        references[name].assert_matches(shards.read_frames(index, first, end, trace), first)
+        header = min(recording.header_bytes, int(offsets[start]))
+        assert trace.bytes_read == header + int(offsets[stop]) - int(offsets[start])
+
+
+def test_an_index_pointing_past_the_stored_bytes_fails_clearly(shards: ShardSet) -> None:
+    index = _index(shards, "flac_mono_16k.flac")
+    recording = shards.recording(index)
+    blob = shards.blob(index)
+    moved = recording.seek_index.byte_offsets.copy()
+    moved[len(moved) // 2 :] += len(blob)
+    plan = dataclasses.replace(recording, seek_index=SeekIndex(recording.seek_index.samples, moved))
+    first = int(recording.seek_index.samples[len(moved) // 2]) + 10
+    with pytest.raises(CorruptDataError, match=r"outside the \d+ bytes stored"):
+        decode_frames(blob, plan, first, first + 1000)
