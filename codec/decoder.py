@@ -30,6 +30,7 @@ import soundfile
 
 from cutfs.codec.blob import Blob
 from cutfs.codec.errors import CorruptDataError, CutfsError
+from cutfs.codec.flac_decoder import FrameBounds, thread_decoder
 from cutfs.codec.flac_frame import MAX_HEADER_BYTES, frame_first_sample
 from cutfs.codec.float_staging import FLOAT_FORMATS, FloatStaging
 from cutfs.codec.pcm import Int16Array, float_to_s16, int_to_s16, packed_to_s16, sample_bytes
@@ -179,15 +180,13 @@ def _pcm_frames(
 def _sndfile_frames(
     blob: Blob, recording: Recording, first: int, end: int, trace: DecodeTrace, arriving: bool
 ) -> Int16Array:
-    """FLAC through libsndfile, from the seek point at or before ``first``.
+    """FLAC from the seek point at or before ``first``: by libFLAC itself where the
+    system has it (:mod:`cutfs.codec.flac_decoder`), else through libsndfile.
 
-    libsndfile is given the stream's header and then the bytes from that point to the
+    The decoder is given the stream's header and then the bytes from that point to the
     one after ``end`` (:func:`sndfile_span`), as if the file had been cut there, and
     decodes them straight through: it never seeks (libFLAC's seek probes frames around
-    the file, and python-soundfile seeks again after every read).  Bytes at hand go to
-    a memory file that libsndfile reads by plain system calls; bytes still ``arriving``
-    from remote storage, and spans too long for a memory file (reads of whole long
-    recordings), are read through :class:`SpliceReader` as they come.
+    the file, and python-soundfile seeks again after every read).
     """
     mark = time.perf_counter() if trace.profile else 0.0
     point, stop = sndfile_span(recording, len(blob), first, end)
@@ -204,6 +203,71 @@ def _sndfile_frames(
         )
     _check_flac_frame(blob, recording, point)
     header_bytes = min(recording.header_bytes, point.byte_offset)
+    flac = thread_decoder()
+    if flac is not None:
+        # libFLAC pulls the splice from the blob as it goes: bytes at hand and bytes
+        # still arriving alike, and no further than the frames it needs.
+        frames = np.empty((end - first, recording.channels), dtype=np.int16)
+        reader = SpliceReader(blob, header_bytes, point.byte_offset, stop=stop)
+        bounds = _frame_bounds(recording, point, stop, header_bytes)
+        with _store_errors_of(reader):
+            decoded = flac.decode_into(
+                reader,
+                point.sample + recording.timeline_origin,
+                first - point.sample,
+                frames,
+                bounds,
+            )
+        spliced_bytes = reader.bytes_read
+    else:
+        frames, decoded, spliced_bytes = _libsndfile_frames(
+            blob, header_bytes, point, stop, first, end, arriving
+        )
+    if trace.profile:
+        _phase(trace, "decode", mark)
+    trace.frames_decoded += decoded
+    trace.bytes_read += spliced_bytes
+    if decoded < end - point.sample:
+        raise CorruptDataError(
+            f"audio ends at frame {point.sample + decoded}, expected {end}",
+            where=recording.recording_id,
+        )
+    return frames
+
+
+def _frame_bounds(
+    recording: Recording, point: SeekPoint, stop: int, header_bytes: int
+) -> FrameBounds:
+    """The seek points after ``point`` and up to ``stop``, as stream samples and bytes
+    of the splice (see :class:`FrameBounds`): a few dozen for a cut, as many as the
+    decode is long otherwise."""
+    index = recording.seek_index
+    after = int(np.searchsorted(index.samples, point.sample, side="right"))
+    until = int(np.searchsorted(index.byte_offsets, stop, side="right"))
+    shift = header_bytes - point.byte_offset
+    return FrameBounds(
+        [int(sample) + recording.timeline_origin for sample in index.samples[after:until]],
+        [int(offset) + shift for offset in index.byte_offsets[after:until]],
+    )
+
+
+def _libsndfile_frames(
+    blob: Blob,
+    header_bytes: int,
+    point: SeekPoint,
+    stop: int,
+    first: int,
+    end: int,
+    arriving: bool,
+) -> tuple[Int16Array, int, int]:
+    """Frames ``[first, end)`` through libsndfile, the frames it decoded (those before
+    ``first`` included) and the bytes it was given.
+
+    Bytes at hand go to a memory file that libsndfile reads by plain system calls;
+    bytes still ``arriving`` from remote storage, and spans too long for a memory file
+    (reads of whole long recordings), are read through :class:`SpliceReader` as they
+    come.
+    """
     spliced_bytes = header_bytes + stop - point.byte_offset
     with contextlib.ExitStack() as stack:
         if spliced_bytes <= MEMORY_SPLICE_BYTES and not arriving:
@@ -213,24 +277,12 @@ def _sndfile_frames(
             stack.enter_context(_store_errors_of(reader))
             source = reader
         sound = stack.enter_context(_ForwardSoundFile(source, mode="r", closefd=False))
-        if trace.profile:
-            mark = _phase(trace, "open", mark)
         # The frames before ``first`` are read apart and dropped, so that the result is
         # an array of its own: a view into a longer one would be copied by the block
         # cache (which counts what it holds), a second 320 KB for a 10 s cut.
         skipped = _skip_frames(sound, first - point.sample)
         frames: Int16Array = sound.read(end - first, dtype="int16", always_2d=True)
-        if trace.profile:
-            _phase(trace, "decode", mark)
-    decoded = skipped + len(frames)
-    trace.frames_decoded += decoded
-    trace.bytes_read += spliced_bytes
-    if decoded != end - point.sample:
-        raise CorruptDataError(
-            f"audio ends at frame {point.sample + decoded}, expected {end}",
-            where=recording.recording_id,
-        )
-    return frames
+    return frames, skipped + len(frames), spliced_bytes
 
 
 def _skip_frames(sound: soundfile.SoundFile, count: int) -> int:
