@@ -263,8 +263,12 @@ class FlacDecoder:
                     raise FlacStreamError(f"libFLAC stopped: {_STATES.get(state, state)}")
         finally:
             library.FLAC__stream_decoder_finish(handle)
+            # Nothing of this decode is held on to (the source holds views of the
+            # store's maps, which cannot be closed while a view is alive).
             self._source = None
             self._output = np.zeros((0, 1), dtype=np.int16)
+            self._bounds = FrameBounds([], [])
+            self._failure = None
         return self._position - first_sample
 
     def _raise_failure(self) -> None:
