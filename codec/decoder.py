@@ -242,8 +242,8 @@ def _frame_bounds(
     of the splice (see :class:`FrameBounds`): a few dozen for a cut, as many as the
     decode is long otherwise."""
     index = recording.seek_index
-    after = int(np.searchsorted(index.samples, point.sample, side="right"))
-    until = int(np.searchsorted(index.byte_offsets, stop, side="right"))
+    after = index.points_through(point.sample)
+    until = index.points_through_byte(stop)
     shift = header_bytes - point.byte_offset
     return FrameBounds(
         [int(sample) + recording.timeline_origin for sample in index.samples[after:until]],

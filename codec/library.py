@@ -136,6 +136,13 @@ class Library(Protocol):
         """Take a plan that :meth:`index` computed in another process."""
         ...
 
+    def expect_read(self, recording_index: int, first: int) -> None:
+        """Frames from ``first`` are likely to be read soon (a file was looked up): start
+        fetching what finding them needs (the pages of the seek index a decode will
+        search), without waiting, reading or decoding anything.  Only a hint: it returns
+        at once and raises nothing; a recording not indexed yet is left alone."""
+        ...
+
     def read_frames(
         self,
         recording_index: int,

@@ -269,6 +269,13 @@ class ShardSet:
             self._blobs[recording_index] = place
         return place
 
+    def expect_read(self, recording_index: int, first: int) -> None:
+        try:
+            recording = self.recording(recording_index)
+        except ShardFormatError:
+            return  # the read says why
+        recording.seek_index.expect(first - recording.preroll_frames)
+
     def read_frames(
         self,
         recording_index: int,

@@ -827,6 +827,11 @@ class SourceIndex:
 
     # -- frames -----------------------------------------------------------------------------
 
+    def expect_read(self, recording_index: int, first: int) -> None:
+        plan = self._plans.get(recording_index)
+        if plan is not None:
+            plan.seek_index.expect(first - plan.preroll_frames)
+
     def read_frames(
         self,
         recording_index: int,

@@ -1,15 +1,24 @@
-"""A cut at the end of a 2-hour recording, read without decoding from the start."""
+"""A cut at the end of a 2-hour recording, read without decoding from the start; a
+lookup that asks for the seek index pages its read will search."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
+import shutil
 import subprocess
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import mounted, needs_fuse
 from corpus import synthesize
 
 from cutfs.codec.decoder import DecodeTrace
 from cutfs.codec.packer import pack
+from cutfs.codec.shard_format import RECORDINGS_FILE
 from cutfs.codec.shard_set import ShardSet
 
 HOURS = 2
@@ -91,3 +100,68 @@ def test_last_ten_seconds(kind: str, long_shards: tuple[ShardSet, dict[str, str]
     # about 10 s of audio, not 2 hours, and read a sliver of the blob.
     assert trace.frames_decoded < 12 * RATE + recording.preroll_frames
     assert trace.bytes_read < len(shards.blob(index)) / 100
+
+
+@needs_fuse
+def test_a_lookup_asks_for_the_seek_index_pages_its_read_will_search(
+    long_shards: tuple[ShardSet, dict[str, str]], tmp_path: Path
+) -> None:
+    """A cold cut should wait for storage once (its audio), not first for its seek index:
+    looking a file up asks for the index pages the read will search, before the read.
+    Checked with mincore on a copy of the shards whose pages were evicted (no process had
+    mapped them); a window far from the one looked up is the control (its page stays out).
+    """
+    shards, _ = long_shards
+    number = [rec.recording_id for rec in shards.recordings].index("two_hours_flac")
+    seek_index = shards.recording(number).seek_index
+    looked_up_seconds, control_seconds = 2400, 4800
+    copy = tmp_path / "shards"
+    shutil.copytree(shards.directory, copy)
+    table = copy / RECORDINGS_FILE
+    content = table.read_bytes()
+    column = content.find(seek_index.samples[:4].tobytes())  # where the points are
+    assert column > 0 and content.find(seek_index.samples[:4].tobytes(), column + 1) < 0
+    page, control_page = (
+        (column + 8 * (seek_index.points_through(seconds * RATE) - 1)) // mmap.PAGESIZE
+        for seconds in (looked_up_seconds, control_seconds)
+    )
+    assert page != control_page
+    for path in copy.iterdir():
+        _evict(path)
+    with mounted(str(copy), str(tmp_path / "mnt"), "--window", "10") as mountpoint:
+        before = _resident(table, page)
+        os.stat(
+            f"{mountpoint}/windows/two_hours_flac/{looked_up_seconds}-{looked_up_seconds + 10}.wav"
+        )
+        deadline = time.monotonic() + 5
+        while not _resident(table, page) and time.monotonic() < deadline:  # not waited for
+            time.sleep(0.01)
+        after, control_after = _resident(table, page), _resident(table, control_page)
+    assert not before, "the page was not evicted: the check would prove nothing"
+    assert after
+    assert not control_after
+
+
+def _evict(path: Path) -> None:
+    """Drop a file's pages from the page cache (written back first: dirty pages stay)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(descriptor)
+
+
+def _resident(path: Path, page: int) -> bool:
+    """Whether a page of a file is in the page cache (``mincore`` on a map of it that is
+    never touched, so asking reads nothing)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    vector = (ctypes.c_ubyte * 1)()
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = np.frombuffer(mapped, dtype=np.uint8)
+        base = int(view.__array_interface__["data"][0])
+        del view  # the map cannot close while an array holds it
+        if libc.mincore(base + page * mmap.PAGESIZE, mmap.PAGESIZE, vector) != 0:
+            raise OSError(ctypes.get_errno(), "mincore failed")
+    return bool(vector[0] & 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import mmap
 import struct
 import wave
 
@@ -130,6 +131,73 @@ def test_seek_index_finds_the_last_point_at_or_before(samples: list[int], target
 def test_seek_index_refuses_unsorted_points() -> None:
     with pytest.raises(ValueError, match="sorted"):
         SeekIndex.from_points([0, 10, 5], [0, 1, 2])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(1, 9000), min_size=513, max_size=3000),
+    st.integers(0, 511),
+    st.lists(st.integers(-10_000, 30_000_000), min_size=1, max_size=40),
+)
+def test_seek_index_searches_agree_with_a_binary_search_of_the_whole_index(
+    gaps: list[int], shift_points: int, targets: list[int]
+) -> None:
+    """Large indexes are searched first in the page interpolation points to: the answer
+    must be a binary search's, wherever the column starts in its page, for points spaced
+    evenly or not (long silences compress to few bytes, so byte offsets bunch up)."""
+    samples_list = np.cumsum([-3000, *gaps[1:]])
+    offsets_list = np.cumsum(
+        [0, *(gap // 7 if k % 97 else gap * 50 for k, gap in enumerate(gaps[1:]))]
+    )
+    # A page-aligned buffer (an anonymous map), the columns placed at any point in a page.
+    room = mmap.mmap(-1, (2 * len(gaps) + 2 * 512) * 8)
+    buffer = np.frombuffer(room, dtype=np.int64)
+    samples = buffer[shift_points : shift_points + len(gaps)]
+    offsets = buffer[len(gaps) + 512 : 2 * len(gaps) + 512]
+    samples[:] = samples_list
+    offsets[:] = offsets_list
+    for index in (
+        SeekIndex(samples, offsets, sorted_checked=False),
+        SeekIndex(samples.copy()[::-1][::-1], offsets.copy()),  # contiguous, not mapped
+        SeekIndex(np.repeat(samples, 2)[::2], np.repeat(offsets, 2)[::2]),  # strided
+    ):
+        for target in [*targets, *samples_list[:3].tolist(), int(samples_list[-1])]:
+            expected = int(np.searchsorted(samples_list, target, side="right"))
+            assert index.points_through(target) == expected
+            point = index.point_at_or_before(target)
+            assert point.sample == int(samples_list[max(expected - 1, 0)])
+            after = index.first_point_after(target)
+            assert (after is None) == (expected == len(samples_list))
+            byte = target // 3
+            assert index.points_through_byte(byte) == int(
+                np.searchsorted(offsets_list, byte, side="right")
+            )
+            index.expect(target)  # a hint: any sample, never an error
+    del samples, offsets, buffer
+    room.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(-2000, 10**7), min_size=600, max_size=1500),
+    st.integers(-3000, 10**7 + 10),
+)
+def test_a_large_unchecked_seek_index_never_gives_a_point_out_of_order(
+    samples: list[int], target: int
+) -> None:
+    """The page-first search over unsorted (untrusted) columns: a point in order where it
+    was found, or a refusal."""
+    offsets = np.arange(len(samples), dtype=np.int64) * 100
+    index = SeekIndex(np.array(samples, dtype=np.int64), offsets, sorted_checked=False)
+    index.expect(target)
+    try:
+        point = index.point_at_or_before(target)
+        after = index.first_point_after(target)
+    except ShardFormatError:
+        assert samples != sorted(samples)
+        return
+    assert point.sample <= target or point.sample == samples[0]
+    assert after is None or after.sample > target
 
 
 @pytest.mark.parametrize(

@@ -208,7 +208,19 @@ class Filesystem:
             inode = await self._view(parent_inode).lookup(parent_inode, name, user)
         if inode is None:
             raise FsError(errno.ENOENT)
-        return await self._getattr(inode)
+        attributes = await self._getattr(inode)
+        if self._kind(inode) is NodeKind.WAV:
+            self._expect_read(inode)
+        return attributes
+
+    def _expect_read(self, inode: int) -> None:
+        """A file looked up is most often read next: the pages of the seek index its
+        first read will search are asked for now (two pages at most, without waiting),
+        so that they arrive while the reply goes back and the reader opens the file.  A
+        cold read then waits for storage once (for the audio) rather than twice."""
+        span = self._view(inode).audio(inode)
+        if span is not None:
+            self._library.expect_read(span.recording_index, span.start_frame)
 
     def _parent(self, directory: int) -> int:
         return ROOT_INODE if directory == ROOT_INODE else self._view(directory).parent(directory)

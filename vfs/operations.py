@@ -153,9 +153,11 @@ class Operations(pyfuse3.Operations):
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
+        started = time.perf_counter()
         attributes = await self._fs.lookup(parent_inode, name, ctx.uid)
         if attributes.volatile:
             attributes = await self._new_snapshot(attributes)
+        self._statistics.observe("lookup", time.perf_counter() - started)
         return self._entry(attributes)
 
     @_errno_boundary
