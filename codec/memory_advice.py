@@ -20,13 +20,16 @@ _LIBC.madvise.restype = ctypes.c_int
 _WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
 
 
-def will_need(array: npt.NDArray[np.generic], position: int) -> None:
-    """Ask for the page that holds element ``position`` of ``array`` (contiguous memory;
-    anything else is ignored, as is any failure: it is only a hint)."""
-    if _WILLNEED is None or array.ndim != 1 or array.strides != (array.itemsize,):
-        return
-    if not 0 <= position < len(array):
-        return
-    address = int(array.__array_interface__["data"][0]) + position * array.itemsize
-    page = address - address % mmap.PAGESIZE
-    _LIBC.madvise(page, mmap.PAGESIZE, _WILLNEED)
+def address_of(array: npt.NDArray[np.generic]) -> int | None:
+    """Where a one-dimensional contiguous array's first element is in memory (``None`` for
+    any other array: its elements are not where their positions say)."""
+    if array.ndim != 1 or array.strides != (array.itemsize,):
+        return None
+    return int(array.__array_interface__["data"][0])
+
+
+def will_need(address: int) -> None:
+    """Ask for the page holding the byte at ``address`` (of a mapping of this process; any
+    failure is ignored: it is only a hint)."""
+    if _WILLNEED is not None:
+        _LIBC.madvise(address - address % mmap.PAGESIZE, mmap.PAGESIZE, _WILLNEED)

@@ -8,13 +8,13 @@ start.  Points are sorted by both columns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from cutfs.codec.errors import ShardFormatError
-from cutfs.codec.memory_advice import will_need
+from cutfs.codec.memory_advice import address_of, will_need
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -47,16 +47,24 @@ class SeekIndex:
     samples: Int64Array
     byte_offsets: Int64Array
     sorted_checked: bool = True
+    #: Where each column starts in memory (None: not contiguous), for the page-first search.
+    _addresses: tuple[int | None, int | None] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.samples.shape != self.byte_offsets.shape or self.samples.ndim != 1:
             raise ValueError("seek index columns must be one-dimensional and of equal length")
         if len(self.samples) == 0:
             raise ValueError("a seek index needs at least one point")
+        addresses = (address_of(self.samples), address_of(self.byte_offsets))
+        object.__setattr__(self, "_addresses", addresses)
         if not self.sorted_checked:
             return
         if np.any(np.diff(self.samples) < 0) or np.any(np.diff(self.byte_offsets) < 0):
             raise ValueError("seek index points must be sorted")
+
+    def __reduce__(self) -> tuple[type[SeekIndex], tuple[Int64Array, Int64Array, bool]]:
+        """Pickled as its columns: the addresses belong to this process."""
+        return (SeekIndex, (self.samples, self.byte_offsets, self.sorted_checked))
 
     @classmethod
     def from_points(cls, samples: list[int], byte_offsets: list[int]) -> SeekIndex:
@@ -69,8 +77,9 @@ class SeekIndex:
         """The last point whose sample is at or before ``sample``, else the first."""
         guess = _guess(self.samples, sample)
         if guess is not None:  # its byte offset is read next: both pages are read at once
-            will_need(self.byte_offsets, guess)
-        position = max(_guided_search(self.samples, sample, guess) - 1, 0)
+            self._will_need(1, guess)
+        found = _guided_search(self.samples, sample, guess, self._addresses[0])
+        position = max(found - 1, 0)
         self._check_around(position)
         after = position + 1
         if (position > 0 and self.samples[position] > sample) or (
@@ -93,12 +102,15 @@ class SeekIndex:
 
     def points_through(self, sample: int) -> int:
         """How many points start at or before ``sample`` (``searchsorted``, side right)."""
-        return _guided_search(self.samples, sample, _guess(self.samples, sample))
+        return _guided_search(
+            self.samples, sample, _guess(self.samples, sample), self._addresses[0]
+        )
 
     def points_through_byte(self, byte_offset: int) -> int:
         """How many points are at or before ``byte_offset`` in the recording's bytes."""
         offsets = self.byte_offsets
-        return _guided_search(offsets, byte_offset, _guess(offsets, byte_offset))
+        guess = _guess(offsets, byte_offset)
+        return _guided_search(offsets, byte_offset, guess, self._addresses[1])
 
     def expect(self, sample: int) -> None:
         """A search for ``sample`` is likely soon: ask for the pages it will read (of both
@@ -112,8 +124,13 @@ class SeekIndex:
         else:
             return  # before the first point or after the last: the ends, kept in memory
         for position in positions:
-            will_need(self.samples, position)
-            will_need(self.byte_offsets, position)
+            self._will_need(0, position)
+            self._will_need(1, position)
+
+    def _will_need(self, column: int, position: int) -> None:
+        address = self._addresses[column]
+        if address is not None:
+            will_need(address + position * _POINT_BYTES)
 
     def _check_around(self, position: int) -> None:
         """Point ``position`` is in order with its neighbours (see the class docstring)."""
@@ -144,9 +161,10 @@ def _guess(column: Int64Array, value: int) -> int | None:
     return (value - low) * (count - 1) // (high - low)
 
 
-def _guided_search(column: Int64Array, value: int, guess: int | None) -> int:
+def _guided_search(column: Int64Array, value: int, guess: int | None, address: int | None) -> int:
     """``np.searchsorted(column, value, side="right")`` of a sorted column, looked for
-    first in the page of the column that holds ``guess`` (see :func:`_guess`).
+    first in the page of the column that holds ``guess`` (see :func:`_guess`); ``address``
+    is where the column starts in memory (``None``: not contiguous, pages do not line up).
 
     A recording's seek points are close to evenly spaced (a FLAC or MP3 stream's frames
     are of a fixed length; a compressed stream's bytes grow about linearly), so the answer
@@ -163,18 +181,12 @@ def _guided_search(column: Int64Array, value: int, guess: int | None) -> int:
             if value >= int(column[count - 1]):
                 return count
         return int(np.searchsorted(column, value, side="right"))
-    start = guess - _points_into_page(column, guess)
+    if address is None:
+        start = max(guess - _PAGE_POINTS // 2, 0)
+    else:
+        start = guess - min(guess, (address + guess * _POINT_BYTES) % _PAGE_BYTES // _POINT_BYTES)
     end = min(start + _PAGE_POINTS, count)
     found = start + int(np.searchsorted(column[start:end], value, side="right"))
     if start < found < end:
         return found
     return int(np.searchsorted(column, value, side="right"))
-
-
-def _points_into_page(column: Int64Array, position: int) -> int:
-    """How many points of ``column`` precede ``position`` in its memory page (half a
-    window for a column that is not contiguous int64, where pages do not line up)."""
-    if column.strides != (_POINT_BYTES,):
-        return min(position, _PAGE_POINTS // 2)
-    address = int(column.__array_interface__["data"][0]) + position * _POINT_BYTES
-    return min(position, address % _PAGE_BYTES // _POINT_BYTES)

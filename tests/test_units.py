@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import mmap
+import pickle
 import struct
 import wave
 
@@ -18,6 +19,7 @@ from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.errors import CorruptDataError, ShardFormatError
 from cutfs.codec.file_tree import served_paths
 from cutfs.codec.float_staging import FloatStaging
+from cutfs.codec.memory_advice import address_of
 from cutfs.codec.path_escape import escape_id, unescape_path
 from cutfs.codec.pcm import float_to_s16, packed_to_s16
 from cutfs.codec.resampler import Resampler
@@ -175,6 +177,16 @@ def test_seek_index_searches_agree_with_a_binary_search_of_the_whole_index(
             index.expect(target)  # a hint: any sample, never an error
     del samples, offsets, buffer
     room.close()
+
+
+def test_a_seek_index_pickles_as_its_points() -> None:
+    """Another process gets the points and finds its own columns' addresses."""
+    samples = np.arange(0, 4096 * 2000, 4096, dtype=np.int64)
+    index = SeekIndex(samples, samples // 3)
+    copy = pickle.loads(pickle.dumps(index))
+    assert copy._addresses == (address_of(copy.samples), address_of(copy.byte_offsets))
+    assert copy._addresses != index._addresses
+    assert copy.point_at_or_before(4096 * 700 + 5) == index.point_at_or_before(4096 * 700 + 5)
 
 
 @settings(max_examples=60, deadline=None)
