@@ -224,18 +224,17 @@ class ShardSet:
         table = self._cut_table()
         recording = int(table.recordings[index])
         start, frames = int(self.cut_start_frames[index]), int(self.cut_num_frames[index])
-        if not (
-            0 <= recording < len(self._recordings)
-            and start >= 0
-            and frames >= 0
-            and start + frames <= self._recordings.shape(recording).num_frames
-        ):
+        if not 0 <= recording < len(self._recordings):
+            raise ShardFormatError(
+                f"cut {table.ids[index]!r} lies outside its recording", where=self.directory
+            )
+        shape = self._recordings.shape(recording)
+        if not (start >= 0 and frames >= 0 and start + frames <= shape.num_frames):
             raise ShardFormatError(
                 f"cut {table.ids[index]!r} lies outside its recording", where=self.directory
             )
         channels = table.channels(index)
-        width = self._recordings.shape(recording).channels
-        if any(not 0 <= channel < width for channel in channels):
+        if any(not 0 <= channel < shape.channels for channel in channels):
             raise ShardFormatError(
                 f"cut {table.ids[index]!r} asks for channels its recording lacks",
                 where=self.directory,

@@ -208,19 +208,15 @@ class Filesystem:
             inode = await self._view(parent_inode).lookup(parent_inode, name, user)
         if inode is None:
             raise FsError(errno.ENOENT)
-        attributes = await self._getattr(inode)
-        if self._kind(inode) is NodeKind.WAV:
-            self._expect_read(inode)
-        return attributes
-
-    def _expect_read(self, inode: int) -> None:
-        """A file looked up is most often read next: the pages of the seek index its
-        first read will search are asked for now (two pages at most, without waiting),
-        so that they arrive while the reply goes back and the reader opens the file.  A
-        cold read then waits for storage once (for the audio) rather than twice."""
-        span = self._view(inode).audio(inode)
-        if span is not None:
-            self._library.expect_read(span.recording_index, span.start_frame)
+        if self._kind(inode) is not NodeKind.WAV:
+            return await self._getattr(inode)
+        source = await self.wav_source(inode)
+        # A file looked up is most often read next: the pages of the seek index its first
+        # read will search are asked for now (two pages at most, without waiting), so
+        # that they arrive while the reply goes back and the reader opens the file.  A
+        # cold read then waits for storage once (for the audio) rather than twice.
+        self._library.expect_read(source.recording_index, source.start_frame)
+        return self._wav_attributes(inode, source)
 
     def _parent(self, directory: int) -> int:
         return ROOT_INODE if directory == ROOT_INODE else self._view(directory).parent(directory)
@@ -269,8 +265,7 @@ class Filesystem:
     async def _getattr(self, inode: int) -> Attributes:
         kind = self._kind(inode)
         if kind is NodeKind.WAV:
-            source = await self.wav_source(inode)
-            return Attributes(inode, _FILE_MODE, source.layout.size_bytes)
+            return self._wav_attributes(inode, await self.wav_source(inode))
         if kind is NodeKind.TEXT:
             text = self._view(inode).text(inode)
             if not text.ready():
@@ -278,6 +273,10 @@ class Filesystem:
                     await text.prepare()
             return Attributes(inode, _FILE_MODE, text.size_bytes(), volatile=text.volatile)
         return self.listed_attributes(inode)
+
+    @staticmethod
+    def _wav_attributes(inode: int, source: WavSource) -> Attributes:
+        return Attributes(inode, _FILE_MODE, source.layout.size_bytes)
 
     def listed_attributes(self, inode: int) -> Attributes:
         """Attributes for a directory listing, without indexing anything.
@@ -299,7 +298,7 @@ class Filesystem:
             source = self._known_wav_source(inode)
             if source is None:
                 return Attributes(inode, _FILE_MODE, 0, provisional=True)
-            return Attributes(inode, _FILE_MODE, source.layout.size_bytes)
+            return self._wav_attributes(inode, source)
         raise FsError(errno.ENOENT)
 
     def listing(self, inode: int) -> Sequence[tuple[bytes, int]]:
