@@ -144,6 +144,12 @@ def main() -> int:
         "(cutfs --serving-processes N, the default kind), e.g. 2",
     )
     parser.add_argument(
+        "--float32",
+        action="store_true",
+        help="also mount each of those serving float32 WAV (cutfs --float32), the samples "
+        "the loop wants, so that soundfile reads them without converting",
+    )
+    parser.add_argument(
         "--model-threads",
         type=int,
         default=None,
@@ -166,9 +172,12 @@ def main() -> int:
     mountpoint = args.work / "mnt"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     mounted_paths = [_cut_path(mountpoint, cut) for cut in cuts]
+    kinds = [(n, False) for n in args.serving_processes] + [(n, True) for n in args.in_turn]
+    formats = [False, True] if args.float32 else [False]
     mounts = {
-        **{_mount_name(n, False): (n, False) for n in args.serving_processes},
-        **{_mount_name(n, True): (n, True) for n in args.in_turn},
+        _mount_name(n, in_turn, float32): (n, in_turn, float32)
+        for float32 in formats
+        for n, in_turn in kinds
     }
     systems: dict[str, Callable[[], Any]] = {
         **{name: (lambda: MountedCuts(mounted_paths)) for name in mounts},
@@ -222,22 +231,30 @@ def _cut_path(mountpoint: Path, cut: Cut) -> str:
     return str(mountpoint / "cuts" / f"{cut.cut_id}.wav")
 
 
-def _mount_name(serving_processes: int, in_turn: bool) -> str:
+def _mount_name(serving_processes: int, in_turn: bool, float32: bool) -> str:
     if in_turn:
-        return f"cutfs mount, {serving_processes} decoding in turn"
-    if serving_processes == 1:
-        return "cutfs mount, workers"
-    return f"cutfs mount, {serving_processes} loops, workers"
+        name = f"cutfs mount, {serving_processes} decoding in turn"
+    elif serving_processes == 1:
+        name = "cutfs mount, workers"
+    else:
+        name = f"cutfs mount, {serving_processes} loops, workers"
+    return f"{name}, float32" if float32 else name
 
 
 def _mount(
-    shards: Path, mountpoint: Path, workers: int | None, serving_processes: int, in_turn: bool
+    shards: Path,
+    mountpoint: Path,
+    workers: int | None,
+    serving_processes: int,
+    in_turn: bool,
+    float32: bool,
 ) -> None:
     _unmount(mountpoint)
     mountpoint.mkdir(parents=True, exist_ok=True)
     options = ["--workers", str(workers)] if workers is not None and not in_turn else []
     options += ["--serving-processes", str(serving_processes)]
     options += ["--decode-in-turn"] if in_turn else ["--no-decode-in-turn"]
+    options += ["--float32"] if float32 else []
     subprocess.run([*CUTFS, "mount", *options, str(shards), str(mountpoint)], check=True)
     processes = serving_processes + (1 if in_turn else 0)  # in turn, besides the daemon
     deadline = time.monotonic() + 120
