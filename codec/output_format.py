@@ -92,7 +92,13 @@ class OutputFormat:
         the bytes of ``samples`` themselves (no copy) when they are contiguous 16-bit
         samples served as they are."""
         samples = self.downmix(samples)
-        if self.float32:
+        if self.float32 and samples.dtype == np.int16:
+            # Exact in float32 (16 bits of mantissa, a power-of-two scale), and one array
+            # made, where going through float64 made two of four times the size (for a 10 s
+            # cut at 48 kHz, 7.7 MB of fresh pages where 1.9 are needed).
+            encoded = np.empty(samples.shape, dtype="<f4")
+            np.multiply(samples, np.float32(1 / 32768), out=encoded)
+        elif self.float32:
             encoded = (np.asarray(samples, dtype=np.float64) / 32768.0).astype("<f4")
         elif samples.dtype != np.int16:
             encoded = np.clip(np.rint(samples), -32768, 32767).astype("<i2")

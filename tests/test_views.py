@@ -223,6 +223,24 @@ def test_resampled_files_equal_the_resampled_recording(
             assert size == 44 + 2 * recording["num_samples"] * len(recording["channel_ids"])
 
 
+def test_float32_files_are_the_decode_scaled(
+    tmp_path: Path, shard_dir: str, references: dict[str, Reference]
+) -> None:
+    """16-bit samples served as float32 are each sample divided by 32768, exactly (the
+    reference is ffmpeg's decode, the division done in float64)."""
+    import soundfile  # noqa: PLC0415
+
+    stereo = references["flac_s24_stereo_48k.flac"].samples.astype(np.float64)
+    with mounted(shard_dir, str(tmp_path / "mnt"), "-o", "float32") as mnt:
+        path = os.path.join(mnt, "recordings", "flac_s24_stereo_48k", "1-2.wav")
+        data = read(path)
+        assert len(data) == 44 + 4 * 2 * 48000 and data[20:22] == b"\x03\x00"  # IEEE float
+        expected = (stereo[48000:96000] / 32768).astype(np.float32)
+        assert np.array_equal(np.frombuffer(data[44:], dtype="<f4").reshape(-1, 2), expected)
+        samples, rate = soundfile.read(path, dtype="float32")
+        assert rate == 48000 and np.array_equal(samples, expected)
+
+
 def test_mono_float32_files(
     tmp_path: Path, shard_dir: str, references: dict[str, Reference]
 ) -> None:
