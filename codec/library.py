@@ -139,8 +139,10 @@ class Library(Protocol):
     def expect_read(self, recording_index: int, first: int) -> None:
         """Frames from ``first`` are likely to be read soon (a file was looked up): start
         fetching what finding them needs (the pages of the seek index a decode will
-        search), without waiting, reading or decoding anything.  Only a hint: it returns
-        at once and raises nothing; a recording not indexed yet is left alone."""
+        search) without waiting for storage and without reading or decoding audio.  It
+        may build the recording's plan, as a read would, and read the index columns'
+        ends.  Only a hint: it raises nothing (a failure is the read's to report); a
+        recording not indexed yet is left alone."""
         ...
 
     def read_frames(

@@ -8,6 +8,7 @@ catalogue's columns reach their users as numpy views, so this works on an addres
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 
@@ -31,5 +32,8 @@ def address_of(array: npt.NDArray[np.generic]) -> int | None:
 def will_need(address: int) -> None:
     """Ask for the page holding the byte at ``address`` (of a mapping of this process; any
     failure is ignored: it is only a hint)."""
-    if _WILLNEED is not None:
-        _LIBC.madvise(address - address % mmap.PAGESIZE, mmap.PAGESIZE, _WILLNEED)
+    if _WILLNEED is None:
+        return
+    page = int(address) - int(address) % mmap.PAGESIZE
+    with contextlib.suppress(ctypes.ArgumentError, OverflowError):
+        _LIBC.madvise(page, mmap.PAGESIZE, _WILLNEED)

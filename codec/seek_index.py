@@ -8,6 +8,8 @@ start.  Points are sorted by both columns.
 
 from __future__ import annotations
 
+import mmap
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,8 +20,8 @@ from cutfs.codec.memory_advice import address_of, will_need
 
 Int64Array = npt.NDArray[np.int64]
 
-#: A search looks first within one page of a column (4 KiB of int64 points).
-_PAGE_BYTES = 4096
+#: A search looks first within one page of a column (512 int64 points in 4 KiB pages).
+_PAGE_BYTES = mmap.PAGESIZE
 _POINT_BYTES = 8
 _PAGE_POINTS = _PAGE_BYTES // _POINT_BYTES
 
@@ -55,7 +57,7 @@ class SeekIndex:
             raise ValueError("seek index columns must be one-dimensional and of equal length")
         if len(self.samples) == 0:
             raise ValueError("a seek index needs at least one point")
-        addresses = (address_of(self.samples), address_of(self.byte_offsets))
+        addresses = (_address(self.samples), _address(self.byte_offsets))
         object.__setattr__(self, "_addresses", addresses)
         if not self.sorted_checked:
             return
@@ -75,6 +77,7 @@ class SeekIndex:
 
     def point_at_or_before(self, sample: int) -> SeekPoint:
         """The last point whose sample is at or before ``sample``, else the first."""
+        sample = operator.index(sample)
         guess = _guess(self.samples, sample)
         if guess is not None:  # its byte offset is read next: both pages are read at once
             self._will_need(1, guess)
@@ -90,6 +93,7 @@ class SeekIndex:
 
     def first_point_after(self, sample: int) -> SeekPoint | None:
         """The first point whose sample is after ``sample``, if any."""
+        sample = operator.index(sample)
         position = self.points_through(sample)
         if position >= len(self.samples):
             return None
@@ -102,6 +106,7 @@ class SeekIndex:
 
     def points_through(self, sample: int) -> int:
         """How many points start at or before ``sample`` (``searchsorted``, side right)."""
+        sample = operator.index(sample)
         return _guided_search(
             self.samples, sample, _guess(self.samples, sample), self._addresses[0]
         )
@@ -109,13 +114,19 @@ class SeekIndex:
     def points_through_byte(self, byte_offset: int) -> int:
         """How many points are at or before ``byte_offset`` in the recording's bytes."""
         offsets = self.byte_offsets
+        byte_offset = operator.index(byte_offset)
         guess = _guess(offsets, byte_offset)
         return _guided_search(offsets, byte_offset, guess, self._addresses[1])
 
     def expect(self, sample: int) -> None:
         """A search for ``sample`` is likely soon: ask for the pages it will read (of both
         columns) without waiting for them, so that they arrive while the caller does
-        something else.  Only a hint: it reads nothing and fails never."""
+        something else.  Only a hint: it reads nothing but the columns' ends (which
+        stay in memory once read) and raises nothing."""
+        try:
+            sample = operator.index(sample)
+        except TypeError:
+            return
         guess = _guess(self.samples, sample)
         if guess is not None:
             positions: tuple[int, ...] = (guess,)
@@ -190,3 +201,9 @@ def _guided_search(column: Int64Array, value: int, guess: int | None, address: i
     if start < found < end:
         return found
     return int(np.searchsorted(column, value, side="right"))
+
+
+def _address(column: Int64Array) -> int | None:
+    """Where an int64 column starts in memory, when its points lie one after another
+    (``None`` otherwise: the page-first search then centres its window on the guess)."""
+    return address_of(column) if column.dtype == np.int64 else None

@@ -830,7 +830,7 @@ class SourceIndex:
     def expect_read(self, recording_index: int, first: int) -> None:
         plan = self._plans.get(recording_index)
         if plan is not None:
-            plan.seek_index.expect(first - plan.preroll_frames)
+            plan.seek_index.expect(first - plan.preroll_frames)  # raises nothing
 
     def read_frames(
         self,

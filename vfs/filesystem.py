@@ -212,9 +212,9 @@ class Filesystem:
             return await self._getattr(inode)
         source = await self.wav_source(inode)
         # A file looked up is most often read next: the pages of the seek index its first
-        # read will search are asked for now (two pages at most, without waiting), so
-        # that they arrive while the reply goes back and the reader opens the file.  A
-        # cold read then waits for storage once (for the audio) rather than twice.
+        # read will search are asked for now (a page of each column, without waiting),
+        # so that they arrive while the reply goes back and the reader opens the file.
+        # A cold read then waits for storage once (for the audio) rather than twice.
         self._library.expect_read(source.recording_index, source.start_frame)
         return self._wav_attributes(inode, source)
 
