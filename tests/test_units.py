@@ -199,29 +199,6 @@ def test_a_seek_index_pickles_as_its_points() -> None:
     assert copy.point_at_or_before(4096 * 700 + 5) == index.point_at_or_before(4096 * 700 + 5)
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(st.integers(-2000, 10**7), min_size=600, max_size=1500),
-    st.integers(-3000, 10**7 + 10),
-)
-def test_a_large_unchecked_seek_index_never_gives_a_point_out_of_order(
-    samples: list[int], target: int
-) -> None:
-    """The page-first search over unsorted (untrusted) columns: a point in order where it
-    was found, or a refusal."""
-    offsets = np.arange(len(samples), dtype=np.int64) * 100
-    index = SeekIndex(np.array(samples, dtype=np.int64), offsets, sorted_checked=False)
-    index.expect(target)
-    try:
-        point = index.point_at_or_before(target)
-        after = index.first_point_after(target)
-    except ShardFormatError:
-        assert samples != sorted(samples)
-        return
-    assert point.sample <= target or point.sample == samples[0]
-    assert after is None or after.sample > target
-
-
 @pytest.mark.parametrize(
     ("seconds", "rate", "frames"),
     [
@@ -360,8 +337,13 @@ def test_vectorised_frames_round_as_lhotse_does(seconds: list[float], rate: int)
     assert got.tolist() == [seconds_to_frames(value, rate) for value in seconds]
 
 
+@settings(max_examples=150, deadline=None)
 @given(
-    st.lists(st.integers(-2000, 10**7), min_size=2, max_size=50),
+    st.one_of(
+        st.lists(st.integers(-2000, 10**7), min_size=2, max_size=50),
+        # past a page of points: searched first in the page interpolation points to
+        st.lists(st.integers(-2000, 10**7), min_size=600, max_size=1500),
+    ),
     st.integers(-3000, 10**7 + 10),
 )
 def test_an_unchecked_seek_index_never_gives_a_point_out_of_order(
@@ -371,6 +353,7 @@ def test_an_unchecked_seek_index_never_gives_a_point_out_of_order(
     in order where it was found, or refuses; it never hands the decoder a wrong point."""
     offsets = np.arange(len(samples), dtype=np.int64) * 100
     index = SeekIndex(np.array(samples, dtype=np.int64), offsets, sorted_checked=False)
+    index.expect(target)  # a hint: never an error, whatever the columns hold
     try:
         point = index.point_at_or_before(target)
     except ShardFormatError:
