@@ -222,6 +222,20 @@ class CachingStore:
             return numbers
         return missing
 
+    def wait_for_fetches(self, timeout_seconds: float) -> bool:
+        """Wait until the fetches under way now have ended, their pieces on disk (or the
+        fetch failed); whether all ended within ``timeout_seconds``.
+
+        A read is answered as soon as its pieces arrive, before they are written: after
+        this, the directory (and the other processes sharing it) holds what was read.
+        """
+        deadline = time.monotonic() + timeout_seconds
+        return all(fetch.wait(deadline - time.monotonic()) for fetch in self._fetches_under_way())
+
+    def _fetches_under_way(self) -> list[_Fetch]:
+        with self._lock:
+            return list({id(fetch): fetch for fetch in self._in_flight.values()}.values())
+
     def counters(self) -> dict[str, int]:
         with self._lock:
             own = dict(self._counts)
@@ -232,10 +246,8 @@ class CachingStore:
         :data:`_CLOSE_WAIT_SECONDS` to put their pieces on disk (so that the next
         mount finds them), and whoever still waits for a piece gets an error."""
         self._fetchers.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
-            fetches = list({id(fetch): fetch for fetch in self._in_flight.values()}.values())
         deadline = time.monotonic() + _CLOSE_WAIT_SECONDS
-        for fetch in fetches:
+        for fetch in self._fetches_under_way():
             if not fetch.started or not fetch.wait(deadline - time.monotonic()):
                 fetch.finish(ObjectStoreError("the piece cache was closed"))
         with self._lock:
@@ -415,15 +427,19 @@ class CachingStore:
             if self._closed:
                 raise OSError(errno.EBADF, "the piece cache is closed")
             pieces = -(-self.size(name) // self._piece_bytes)
-            files = _ObjectFiles(os.path.join(self._directory, key), pieces)
-            self._files[key] = files
-            self._mapped_bytes += files.map_bytes
-            while len(self._files) > _MAX_OPEN_OBJECTS or (
-                self._mapped_bytes > _MAPPED_MAPS_BYTES and len(self._files) > 1
+            # Room is made before the new map is made, so that the bound holds at every
+            # moment, not only once the new object is in.
+            map_bytes = _ObjectFiles.map_bytes_for(pieces)
+            while self._files and (
+                len(self._files) >= _MAX_OPEN_OBJECTS
+                or self._mapped_bytes + map_bytes > _MAPPED_MAPS_BYTES
             ):
                 _, old = self._files.popitem(last=False)
                 self._mapped_bytes -= old.map_bytes
                 old.close()
+            files = _ObjectFiles(os.path.join(self._directory, key), pieces)
+            self._files[key] = files
+            self._mapped_bytes += files.map_bytes
             return files
 
     def _from_disk(self, name: str, key: str, first: int, end: int) -> dict[int, bytes]:
@@ -590,7 +606,7 @@ class _ObjectFiles:
         try:
             self._entries = os.open(base + ".map", flags, 0o600)
             try:
-                length = max(pieces, 1) * _ENTRY.size
+                length = self.map_bytes_for(pieces)
                 if os.fstat(self._entries).st_size < length:
                     os.ftruncate(self._entries, length)
                 self._map = mmap.mmap(self._entries, length, mmap.MAP_SHARED)
@@ -607,6 +623,11 @@ class _ObjectFiles:
             raise
         self.map_bytes = length
         self._pieces = pieces
+
+    @staticmethod
+    def map_bytes_for(pieces: int) -> int:
+        """How long the map of an object of ``pieces`` pieces is (and how much it maps)."""
+        return max(pieces, 1) * _ENTRY.size
 
     def entries(self, first: int, end: int) -> list[tuple[int, int]]:
         """(CRC-32, minute last used) of pieces ``[first, end)`` as every process sees them
