@@ -122,6 +122,34 @@ def test_listings_and_attributes_agree_across_processes(served: str, mount: str)
     assert _stats(served)["counters"].get("requests.directory_entries", 0) > before
 
 
+def test_every_node_shows_one_time_whichever_process_answers(served: str) -> None:
+    """Each process answers with the mount's one time: files keep their cached pages when
+    another process answers a listing of their directory (the kernel drops a file's pages
+    when it is given another modification time)."""
+    directory = os.path.join(served, "cuts", "flac_mono_16k")
+    files = [os.path.join(directory, name) for name in sorted(os.listdir(directory))]
+    nodes = [served, os.path.join(served, "cuts"), directory, *files]
+    times: set[tuple[int, int, int]] = set()
+    for _ in range(4):
+        _drop_caches()  # every node is looked up again, by whichever process reads first
+        with ThreadPoolExecutor(max_workers=6) as lookups:
+            for seen in lookups.map(os.stat, nodes):
+                times.add((seen.st_atime_ns, seen.st_mtime_ns, seen.st_ctime_ns))
+    assert len(times) == 1, times
+    with ThreadPoolExecutor(max_workers=6) as readers:
+        list(readers.map(_read, files))
+    time.sleep(1.5)  # every process has published its figures since
+    before = _stats(served)["counters"].get("requests.read", 0)
+    for _ in range(4):
+        for entry in os.scandir(directory):  # a listing with attributes, any process
+            entry.stat()
+        with ThreadPoolExecutor(max_workers=6) as readers:
+            list(readers.map(_read, files))
+    time.sleep(1.5)
+    # The statistics file's own read is the one read that reached the mount.
+    assert _stats(served)["counters"].get("requests.read", 0) - before == 1
+
+
 def _listing(mount: str, directory: str) -> list[tuple[str, int]]:
     """Names and sizes in a directory (``.cutfs`` aside: its sizes change)."""
     path = os.path.join(mount, directory)

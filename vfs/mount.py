@@ -16,9 +16,10 @@ import socket
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyfuse3
 import trio
@@ -144,6 +145,20 @@ class MountOptions:
     decode_in_turn: bool = False
 
 
+def _settled(options: MountOptions) -> MountOptions:
+    """``options`` checked, and the time every node shows (:attr:`Ownership.time_ns`)
+    decided once for all serving processes.  Raises :class:`MountError`."""
+    if not 1 <= options.serving_processes <= MAX_SERVING_PROCESSES:
+        raise MountError(
+            f"--serving-processes must be 1 to {MAX_SERVING_PROCESSES}, not "
+            f"{options.serving_processes}",
+            ExitCode.USAGE,
+        )
+    if options.ownership.time_ns is not None:
+        return options
+    return replace(options, ownership=replace(options.ownership, time_ns=time.time_ns()))
+
+
 def open_source(
     source: str,
     cache_dir: str | None,
@@ -258,12 +273,7 @@ def serve(
     once the mount answers requests.
     """
     mountpoint = os.path.abspath(mountpoint)
-    if not 1 <= options.serving_processes <= MAX_SERVING_PROCESSES:
-        raise MountError(
-            f"--serving-processes must be 1 to {MAX_SERVING_PROCESSES}, not "
-            f"{options.serving_processes}",
-            ExitCode.USAGE,
-        )
+    options = _settled(options)
     _check_environment(mountpoint)
     remote = is_remote(shard_dir)
     user = _serving_user(options.user, None if remote else shard_dir)

@@ -78,12 +78,17 @@ _ERROR_KINDS = {
 
 @dataclass(frozen=True)
 class Ownership:
-    """Owner and permission bits shown for every node (``None``: the daemon's own ids)."""
+    """Owner, permission bits and times shown for every node (``None``: the daemon's own
+    ids; the time the Operations is made)."""
 
     uid: int | None = None
     gid: int | None = None
     file_mode: int = 0o444
     dir_mode: int = 0o555
+    #: Access, modification and change time of every node, in ns since the epoch.  A mount
+    #: sets it once for all its serving processes: the kernel drops a file's cached pages
+    #: when an answer gives it another modification time than the one it holds.
+    time_ns: int | None = None
 
 
 def _errno_boundary(
@@ -142,7 +147,7 @@ class Operations(pyfuse3.Operations):
         self._snapshots = snapshots or SnapshotStore()
         # Handles of other serving processes' snapshots are theirs: start somewhere else.
         self._next_snapshot = secrets.randbelow(_SNAPSHOT_SERIALS)
-        self._time_ns = time.time_ns()
+        self._time_ns = time.time_ns() if ownership.time_ns is None else ownership.time_ns
 
     @property
     def statistics(self) -> Statistics:
