@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gzip
 import json
+import mmap
 import os
 import shutil
 import socket
@@ -642,3 +644,20 @@ def format_1_copy(shard_dir: str | Path, copy: Path) -> None:
 def _rewrite_table(path: Path, table: pa.Table) -> None:
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
+
+
+def resident_pages(path: str | Path, first_page: int, end_page: int) -> list[bool]:
+    """Which pages ``[first_page, end_page)`` of a file are in the page cache (``mincore``
+    on a map of it that is never touched, so asking reads nothing; the kernel tells a
+    file's residency only to a process that could write it or owns it, as root does)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    pages = end_page - first_page
+    vector = (ctypes.c_ubyte * max(pages, 1))()
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        view = np.frombuffer(mapped, dtype=np.uint8)
+        base = int(view.__array_interface__["data"][0])
+        del view  # the map cannot close while an array holds it
+        if libc.mincore(base + first_page * mmap.PAGESIZE, pages * mmap.PAGESIZE, vector) != 0:
+            raise OSError(ctypes.get_errno(), "mincore failed")
+    return [bool(vector[n] & 1) for n in range(pages)]

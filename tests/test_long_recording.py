@@ -3,7 +3,6 @@ lookup that asks for the seek index pages its read will search."""
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import shutil
@@ -14,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
-from conftest import mounted, needs_fuse
+from conftest import mounted, needs_fuse, resident_pages
 from corpus import synthesize
 
 from cutfs.codec.decoder import DecodeTrace
@@ -179,16 +178,4 @@ def _evictable(directory: Path) -> bool:
 
 
 def _resident(path: Path, page: int) -> bool:
-    """Whether a page of a file is in the page cache (``mincore`` on a map of it that is
-    never touched, so asking reads nothing; the kernel tells a file's residency only to
-    a process that could write it, as this test can its own copy)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    vector = (ctypes.c_ubyte * 1)()
-    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        view = np.frombuffer(mapped, dtype=np.uint8)
-        base = int(view.__array_interface__["data"][0])
-        del view  # the map cannot close while an array holds it
-        if libc.mincore(base + page * mmap.PAGESIZE, mmap.PAGESIZE, vector) != 0:
-            raise OSError(ctypes.get_errno(), "mincore failed")
-    return bool(vector[0] & 1)
+    return resident_pages(path, page, page + 1)[0]

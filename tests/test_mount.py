@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import mmap
 import os
 import random
 import signal
@@ -31,6 +32,7 @@ from conftest import (
     mounted,
     needs_fuse,
     recording_id,
+    resident_pages,
     unmount,
 )
 from corpus import wav_header
@@ -543,31 +545,36 @@ def test_the_rest_of_a_cut_reaches_the_page_cache_with_its_first_read(
     with mounted(shard_dir, str(tmp_path / "mnt"), "--serving-processes", "1") as mount:
         before = _counters(mount)
         contents = {}
-        reads_of: dict[str, tuple[int, int, int]] = {}  # for a failure's message
+        # For a failure's message: reads, bytes of the first, size, pages not resident
+        # when the rest was read.
+        reads_of: dict[str, tuple[int, int, int, int]] = {}
         for cut in cuts:  # a fresh mount: none of their pages is cached yet
             path = cut_path(mount, str(cut["id"]))
             with open(path, "rb") as cut_file:
                 start = _counters(mount)
                 header = cut_file.read(44)  # one kernel read: a page, or a window
                 answered = _counters(mount)["read_bytes"] - start.get("read_bytes", 0)
-                if answered < os.stat(path).st_size:  # a thread of the daemon pushes the rest
+                size = os.stat(path).st_size
+                if answered < size:  # a thread of the daemon pushes the rest: wait for it
                     deadline = time.monotonic() + 10
-                    while _counters(mount)["pages_pushed"] == start["pages_pushed"]:
-                        assert time.monotonic() < deadline, f"nothing pushed for {cut['id']}"
+                    rest = start["pushed_bytes"] + size - answered
+                    while _counters(mount)["pushed_bytes"] < rest:
+                        assert time.monotonic() < deadline, f"the rest of {cut['id']} not pushed"
                         time.sleep(0.005)
+                pages = -(-size // mmap.PAGESIZE)
+                missing = resident_pages(path, answered // mmap.PAGESIZE, pages).count(False)
                 contents[str(cut["id"])] = header + cut_file.read()
-                reads_of[str(cut["id"])] = (
-                    _counters(mount)["reads"] - start.get("reads", 0),
-                    answered,
-                    os.stat(path).st_size,
-                )
+                reads = _counters(mount)["reads"] - start.get("reads", 0)
+                reads_of[str(cut["id"])] = (reads, answered, size, missing)
         after = _counters(mount)
         with open(os.path.join(mount, ".cutfs", "stats"), encoding="utf-8") as stats_file:
             assert json.load(stats_file)["errors"] == {}
+    assert after["pushes_dropped"] == 0 and after["pushes_refused"] == 0
     # Without the push, a cut of 10 s takes three or four kernel reads more.
     more = {name: seen for name, seen in reads_of.items() if seen[0] != 1}
-    assert after["reads"] - before.get("reads", 0) == len(cuts), f"(reads, first, size): {more}"
-    assert after["pushes_dropped"] == 0 and after["pushes_refused"] == 0
+    assert after["reads"] - before.get("reads", 0) == len(cuts), (
+        f"(reads, first, size, pages missing before the rest was read): {more}"
+    )
     for cut in cuts:
         lossless = next(
             r for n, r in references.items() if recording_id(n) == cut["recording"]
