@@ -28,6 +28,7 @@ import pytest
 from corpus import ENCODINGS, ffmpeg_decode, make_corpus, wav_header
 
 from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.memory_advice import address_of
 from cutfs.codec.packer import pack
 from cutfs.codec.path_escape import escape_id
 from cutfs.codec.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDINGS_FILE
@@ -655,9 +656,8 @@ def resident_pages(path: str | Path, first_page: int, end_page: int) -> list[boo
     pages = end_page - first_page
     vector = (ctypes.c_ubyte * max(pages, 1))()
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        view = np.frombuffer(mapped, dtype=np.uint8)
-        base = int(view.__array_interface__["data"][0])
-        del view  # the map cannot close while an array holds it
+        base = address_of(np.frombuffer(mapped, dtype=np.uint8))  # the array is let go at once
+        assert base is not None
         if libc.mincore(base + first_page * mmap.PAGESIZE, pages * mmap.PAGESIZE, vector) != 0:
             raise OSError(ctypes.get_errno(), "mincore failed")
     return [bool(vector[n] & 1) for n in range(pages)]
