@@ -55,7 +55,10 @@ def check_seconds(
     """A time in seconds: a finite number in ``[0, MAX_RECORDING_SECONDS]``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise error(f"{what} must be a number of seconds, not {value!r}", where=where)
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer too large for a float
+        seconds = math.inf
     if not math.isfinite(seconds) or not 0 <= seconds <= MAX_RECORDING_SECONDS:
         raise error(
             f"{what} is {value!r} s: it must lie in [0, {MAX_RECORDING_SECONDS}] "

@@ -141,6 +141,7 @@ def _lhotse_with_bad_numbers(
         out.write(_cut("negative-start", "good", -1.0, 1.0))  # killed a worker per read before
         out.write(_cut("infinite", "good", 0.0, "Infinity"))
         out.write(_cut("nan", "good", "NaN", 1.0))
+        out.write(_cut("too-big-for-a-float", "good", 10**400, 1.0))  # stopped the source before
         out.write("{not json\n")
         cut = json.loads(_cut("speed-perturbed", "perturbed", 0.0, 1.0))
         del cut["recording_id"]
@@ -167,9 +168,9 @@ def test_bad_numbers_refuse_their_entries_and_the_rest_is_served(
         recordings = as_other_user("ls", str(mountpoint / "recordings"))
         assert recordings.stdout.decode().split() == ["good.wav"]
         shards = _stats(mountpoint)["shards"]
-        # 3 recordings with bad numbers and their 3 cuts; 3 cuts with bad times; a line
+        # 3 recordings with bad numbers and their 3 cuts; 4 cuts with bad times; a line
         # that is not JSON; the cut of a transformed recording
-        assert shards["refused_entries"] == 3 + 3 + 3 + 1 + 1, shards
+        assert shards["refused_entries"] == 3 + 3 + 4 + 1 + 1, shards
 
 
 def test_pack_stops_at_the_first_bad_number_with_one_line(
