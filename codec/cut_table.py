@@ -10,6 +10,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.mapped_table import (
     BinaryColumn,
     ListColumn,
@@ -41,6 +42,7 @@ class CutTable:
         self._metadata_array = single_chunk(table, "metadata")
         self._metadata = BinaryColumn(self._metadata_array)
         self._mentions = dict(mentions or {})
+        self._metadata_checked = False
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -65,6 +67,15 @@ class CutTable:
         known = self._mentions.get(field)
         if known is not None:
             return known
+        if not self._metadata_checked:
+            # The column is mapped unvalidated: an Arrow kernel trusts its offsets, and
+            # offsets pointing anywhere would fault the process. The scan reads every
+            # value anyway; so does the check.
+            try:
+                self._metadata_array.validate(full=True)
+            except pa.ArrowException as exc:
+                raise ShardFormatError(f"the cuts' metadata column is invalid: {exc}") from exc
+            self._metadata_checked = True
         pattern = json.dumps(field) + ":"
         return bool(pc.any(pc.match_substring(self._metadata_array, pattern)).as_py() or False)
 

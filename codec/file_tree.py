@@ -303,10 +303,12 @@ class FileTree:
     """A tree written by :func:`write_file_tree`, mapped (see the module docstring).
 
     Raises :class:`ShardFormatError` when the files are missing, of another
-    schema, or inconsistent (rows out of order, ranges outside the file).
+    schema, or inconsistent (rows out of order, ranges outside the file, no root, or
+    another number of items than ``item_count``, the rows of the table the items name,
+    when given).
     """
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, item_count: int | None = None) -> None:
         self._prefix = prefix
         entries = read_mapped(prefix + _ENTRIES, pa.unify_schemas([_ENTRY_SCHEMA, _KEY_SCHEMA]))
         directories = read_mapped(prefix + _DIRECTORIES, _DIRECTORY_SCHEMA)
@@ -321,6 +323,11 @@ class FileTree:
         self._subdirectories = int_view(directories, "subdirectories")
         self._paths = BinaryColumn(single_chunk(paths, "path"))
         self._check(len(entries))
+        if item_count is not None and len(self._paths) != item_count:
+            raise ShardFormatError(
+                f"the file tree serves {len(self._paths)} items for a table of {item_count}",
+                where=self._prefix,
+            )
 
     @property
     def directory_count(self) -> int:
@@ -402,7 +409,8 @@ class FileTree:
     def _check(self, entry_count: int) -> None:
         first, counts = self._first, self._counts
         if (
-            (counts < 0).any()
+            len(first) == 0  # not even the root
+            or (counts < 0).any()
             or (first < 0).any()
             or ((first + counts) > entry_count).any()
             or (self._parents[1:] < 0).any()

@@ -29,6 +29,8 @@ from cutfs.codec.shard_format import write_table
 
 KALDI_ORDER_FILE: Final = "kaldi-order.arrow"
 _SCHEMA: Final = pa.schema([("cut", pa.int64()), ("text_end", pa.int64())])
+#: More text than any order of cuts could need (a terabyte).
+_MOST_TEXT_BYTES: Final = 1 << 40
 #: Python's whitespace (``str.isspace``), which :func:`kaldi_key` encodes, in RE2 syntax.
 _WHITESPACE: Final = (
     r"[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\x{1680}\x{2000}-\x{200a}"
@@ -88,11 +90,24 @@ class KaldiOrder:
         table = read_mapped(path, _SCHEMA)
         self.cuts: npt.NDArray[np.int64] = int_view(table, "cut")
         self.text_ends: npt.NDArray[np.int64] = int_view(table, "text_end")
+        self._cut_count = cut_count
         if len(self.cuts) != cut_count or len(self.text_ends) != cut_count:
             raise ShardFormatError("the Kaldi order has another number of cuts", where=path)
+        if cut_count and not 0 <= int(self.text_ends[-1]) < _MOST_TEXT_BYTES:
+            raise ShardFormatError("the Kaldi order's text is of no possible size", where=path)
 
     def __len__(self) -> int:
         return len(self.cuts)
+
+    def cut_at(self, line: int) -> int:
+        """The cut on line ``line``, checked against the number of cuts here rather than
+        for every line at open (the column is mapped; a check of all would read it all)."""
+        if not 0 <= line < len(self.cuts):  # text ends that do not match the lines
+            raise ShardFormatError(f"the Kaldi order has no line {line}")
+        cut = int(self.cuts[line])
+        if not 0 <= cut < self._cut_count:
+            raise ShardFormatError(f"line {line} of the Kaldi order names no cut ({cut})")
+        return cut
 
     def line_start(self, line: int, constant_bytes: int) -> int:
         """Where line ``line`` starts when each line adds ``constant_bytes`` to its key and

@@ -88,6 +88,8 @@ def single_chunk(table: pa.Table, name: str) -> pa.Array:
     Tables built in memory may have several chunks; they are combined (a copy,
     of memory that is already resident).  Nulls are refused.
     """
+    if name not in table.schema.names:
+        raise ShardFormatError(f"column {name!r} is missing")
     column = table.column(name)
     if column.null_count:
         raise ShardFormatError(f"column {name!r} has missing values")
@@ -204,6 +206,8 @@ class ListColumn:
     def __init__(self, array: pa.Array) -> None:
         if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
             raise ShardFormatError(f"a column of {array.type} is not of lists")
+        if not pa.types.is_integer(array.type.value_type):
+            raise ShardFormatError(f"a column of {array.type} is not of lists of integers")
         offset_type = np.int64 if pa.types.is_large_list(array.type) else np.int32
         self._offsets = np.frombuffer(array.buffers()[1], dtype=offset_type)[
             array.offset : array.offset + len(array) + 1

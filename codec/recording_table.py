@@ -23,6 +23,7 @@ from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.library import AudioShape
 from cutfs.codec.limits import MAX_CHANNELS, MAX_FRAMES, MAX_SAMPLE_RATE_HZ, check_shape
 from cutfs.codec.mapped_table import ListColumn, StringColumn, int_view
+from cutfs.codec.pcm import sample_bytes
 from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording
 from cutfs.codec.seek_index import SeekIndex
 
@@ -96,6 +97,12 @@ class RecordingTable(Sequence[Recording]):
         where = f"{self._where}, recording {self.ids[index]}"
         row = self._table.slice(index, 1).drop_columns(["seek_samples", "seek_byte_offsets"])
         try:
+            # The table is mapped unvalidated: a string's offsets may point past the file,
+            # and reading them through pyarrow would fault the process (SIGBUS).
+            row.validate(full=True)
+        except pa.ArrowException as exc:
+            raise ShardFormatError(f"invalid recording row: {exc}", where=where) from exc
+        try:
             seek_index = SeekIndex(
                 self._seek_samples[index], self._seek_offsets[index], sorted_checked=False
             )
@@ -110,7 +117,12 @@ class RecordingTable(Sequence[Recording]):
 
     def check_row(self, index: int) -> None:
         """Refuse a row whose small numbers are out of range (checked where a row is used,
-        not for every row at open: a table of millions of recordings is not read whole)."""
+        not for every row at open: a table of millions of recordings is not read whole).
+        ``index`` itself comes from data (a cut's recording number) and is checked too."""
+        if not 0 <= index < len(self.ids):
+            raise ShardFormatError(
+                f"there is no recording {index} (the table has {len(self.ids)})", where=self._where
+            )
         stored = int(self.stored_bytes[index])
         offset = 0 if self.blob_offsets is None else int(self.blob_offsets[index])
         if not (
@@ -152,12 +164,17 @@ def recording_from_row(
             raise ValueError("timeline origin out of range")
         if not (0 <= numerator < _LIMIT and 0 <= denominator < _LIMIT):
             raise ValueError("time base out of range")
+        method = DecodeMethod(row["method"])
+        if method is DecodeMethod.SEEK and not (numerator > 0 and denominator > 0):
+            raise ValueError("a recording found by the demuxer's seek needs a time base")
+        if method is DecodeMethod.PCM:
+            sample_bytes(str(row["pcm_format"]))  # a sample format the slicer knows
         return Recording(
             recording_id=str(row["recording_id"]),
             sample_rate=int(row["sample_rate"]),
             channels=int(row["channels"]),
             num_frames=int(row["num_frames"]),
-            method=DecodeMethod(row["method"]),
+            method=method,
             container_format=str(row["container_format"]),
             codec_name=str(row["codec_name"]),
             seek_index=seek_index,

@@ -149,8 +149,8 @@ class ShardSet:
         if self._trees is None:
             if self.version >= 2:
                 self._trees = (
-                    FileTree(os.path.join(self._tables, CUTS_TREE)),
-                    FileTree(os.path.join(self._tables, RECORDINGS_TREE)),
+                    FileTree(os.path.join(self._tables, CUTS_TREE), self.num_cuts),
+                    FileTree(os.path.join(self._tables, RECORDINGS_TREE), len(self._recordings)),
                 )
             else:
                 *trees, self._order = _built_catalogue(self.cut_ids, self.recording_ids)

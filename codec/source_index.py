@@ -451,8 +451,8 @@ class SourceIndex:
         """The file trees of the cuts and recordings that :func:`prepare_index` wrote."""
         if self._trees is None:
             self._trees = (
-                FileTree(os.path.join(self.directory, CUTS_TREE)),
-                FileTree(os.path.join(self.directory, RECORDINGS_TREE)),
+                FileTree(os.path.join(self.directory, CUTS_TREE), self.num_cuts),
+                FileTree(os.path.join(self.directory, RECORDINGS_TREE), len(self.recording_ids)),
             )
         return self._trees
 

@@ -7,6 +7,8 @@ import gzip
 import json
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,7 +21,7 @@ from cutfs.codec.file_tree import served_paths
 from cutfs.codec.kaldi_order import KaldiOrder, kaldi_key, write_kaldi_order
 from cutfs.codec.packer import pack
 from cutfs.codec.path_escape import escape_id
-from cutfs.codec.shard_format import CUTS_FILE, RECORDINGS_FILE
+from cutfs.codec.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDINGS_FILE
 from cutfs.codec.shard_set import ShardSet
 from cutfs.vfs.cuts_view import CutsView
 from cutfs.vfs.manifests_view import SpilledText, WavScp
@@ -256,3 +258,194 @@ def test_catalogues_on_network_storage_are_copied_to_a_private_cache(
     copy.chmod(0o777)  # a copy others could have written is not mapped
     with pytest.raises(SourceError, match="writable by its group or others"):
         catalogue_copy.catalogue_directory(str(packed), str(cache))
+
+
+def _rewritten(packed: Path, copy: Path, name: str, change: dict[str, object]) -> Path:
+    """A copy of the directory with columns of one table replaced: each name maps to a
+    function of the column's values (a list), or to None to drop the column."""
+    shutil.copytree(packed, copy)
+    with pa.OSFile(str(copy / name), "rb") as source:
+        table = pa.ipc.open_file(source).read_all()
+    columns = {}
+    for field in table.schema:
+        replace = change.get(field.name, _unchanged)
+        if replace is None:
+            continue
+        assert callable(replace)
+        rows = replace(table.column(field.name).to_pylist())
+        try:  # the column's own type where the values fit it
+            columns[field.name] = pa.array(rows, field.type)
+        except (pa.ArrowException, TypeError, ValueError):
+            columns[field.name] = pa.array(rows)
+    table = pa.table(columns)
+    with pa.OSFile(str(copy / name), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return copy
+
+
+def _unchanged(rows: list[object]) -> list[object]:
+    return rows
+
+
+def _shape_of_first_cut(shards: ShardSet) -> object:
+    return shards.shape(shards.cut_recording(0))
+
+
+def _first_plan(shards: ShardSet) -> object:
+    return shards.recording(0)
+
+
+def _wav_scp_line(shards: ShardSet) -> object:
+    view = WavScp(shards.kaldi_order(), shards.cut_ids, lambda cut: "c.wav", "/mnt/cuts")
+    return view.read(0, view.size_bytes())
+
+
+def _wav_scp_size(shards: ShardSet) -> object:
+    return WavScp(shards.kaldi_order(), shards.cut_ids, lambda cut: "c.wav", "/m").size_bytes()
+
+
+LIES = {  # table, columns changed, what then fails (None: opening the directory)
+    "a missing column": (RECORDINGS_FILE, {"sample_rate": None}, None),
+    "seek points that are not numbers": (
+        RECORDINGS_FILE,
+        {"seek_samples": lambda rows: [[str(point) for point in row] for row in rows]},
+        None,
+    ),
+    "a cut of a recording that is not there": (
+        CUTS_FILE,
+        {"recording": lambda rows: [65535] * len(rows)},
+        _shape_of_first_cut,
+    ),
+    "an unknown PCM sample format": (
+        RECORDINGS_FILE,
+        {
+            "method": lambda rows: ["pcm"] * len(rows),
+            "pcm_format": lambda rows: ["s12"] * len(rows),
+        },
+        _first_plan,
+    ),
+    "a demuxer's seek without a time base": (
+        RECORDINGS_FILE,
+        {
+            "method": lambda rows: ["seek"] * len(rows),
+            "time_base_numerator": lambda rows: [0] * len(rows),
+        },
+        _first_plan,
+    ),
+    "a file tree without a root": (
+        "cuts.directories.arrow",
+        {
+            column: lambda rows: []
+            for column in ("first_entry", "entry_count", "parent", "subdirectories")
+        },
+        None,
+    ),
+    "a file tree with an item more than there are cuts": (
+        "cuts.paths.arrow",
+        {"path": lambda rows: [*rows, "z.wav"]},
+        None,
+    ),
+    "a Kaldi line naming no cut": (
+        "kaldi-order.arrow",
+        {"cut": lambda rows: [-1, *rows[1:]]},
+        _wav_scp_line,
+    ),
+    "a Kaldi text of no possible size": (
+        "kaldi-order.arrow",
+        {"text_end": lambda rows: [*rows[:-1], -5]},
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("lie", sorted(LIES))
+def test_a_catalogue_that_lies_is_refused_with_a_clear_error(
+    packed: Path, tmp_path: Path, lie: str
+) -> None:
+    """Every such table once raised KeyError, ValueError, IndexError or ZeroDivisionError,
+    or (a Kaldi line naming cut -1) served another cut's line; now the open or the one
+    use fails with ShardFormatError, the error a mount turns into exit status 3 or EIO."""
+    name, change, use = LIES[lie]
+    copy = _rewritten(packed, tmp_path / "lying", name, change)
+    if use is None:
+        with pytest.raises(ShardFormatError):
+            ShardSet(str(copy))
+        return
+    with ShardSet(str(copy)) as shards, pytest.raises(ShardFormatError):
+        use(shards)
+
+
+def _offset_position(path: Path, column: str, row: int) -> tuple[int, int]:
+    """Where in an Arrow IPC file the offset that ends string ``row`` of ``column`` is
+    stored, and its width in bytes."""
+    with pa.memory_map(str(path)) as source:
+        whole = source.read_buffer()
+        array = pa.ipc.open_file(whole).read_all().column(column).chunk(0)
+        width = 8 if pa.types.is_large_string(array.type) else 4
+        offsets = array.buffers()[1]
+        assert offsets is not None
+        return offsets.address - whole.address + (array.offset + row + 1) * width, width
+
+
+def _with_offset(path: Path, column: str, row: int, value: int) -> None:
+    at, width = _offset_position(path, column, row)
+    data = bytearray(path.read_bytes())
+    data[at : at + width] = value.to_bytes(width, "little", signed=True)
+    path.write_bytes(bytes(data))
+
+
+_IN_A_CHILD = """
+import sys
+from cutfs.codec.errors import ShardFormatError
+from cutfs.codec.shard_set import ShardSet
+with ShardSet(sys.argv[1]) as shards:
+    try:
+        {use}
+    except ShardFormatError as exc:
+        print("refused:", exc)
+"""
+
+
+def _run_in_a_child(directory: Path, use: str) -> subprocess.CompletedProcess[str]:
+    """Run ``use`` on the opened directory in a child process: what is tested here used to
+    kill its process with a signal, which would take the test run with it."""
+    script = _IN_A_CHILD.format(use=use)
+    return subprocess.run(
+        [sys.executable, "-c", script, str(directory)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_recording_row_whose_string_points_past_the_file_fails_its_use(
+    packed: Path, tmp_path: Path
+) -> None:
+    """The recordings table is mapped unvalidated; a row's strings were read through
+    pyarrow when its plan was built, and an offset 2 GB past the file killed the process
+    with SIGBUS (a lookup of any of its cuts, in a mount)."""
+    copy = tmp_path / "lying"
+    shutil.copytree(packed, copy)
+    _with_offset(copy / RECORDINGS_FILE, "container_format", 0, 0x7FFFFFF0)
+    child = _run_in_a_child(copy, "shards.recording(0)")
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.startswith("refused:") and "invalid recording row" in child.stdout
+
+
+def test_metadata_offsets_that_point_anywhere_fail_the_scan_not_the_process(
+    packed: Path, tmp_path: Path
+) -> None:
+    """Without the manifest's record of which fields the cuts' metadata mentions (format 1,
+    or a hand-made manifest) the column is scanned by an Arrow kernel; offsets pointing
+    2**40 bytes away made it fault (SIGSEGV) at mount."""
+    copy = tmp_path / "lying"
+    shutil.copytree(packed, copy)
+    _with_offset(copy / CUTS_FILE, "metadata", 1, 1 << 40)
+    manifest = json.loads((copy / MANIFEST_FILE).read_text())
+    manifest.pop("mentions", None)
+    (copy / MANIFEST_FILE).write_text(json.dumps(manifest))
+    child = _run_in_a_child(copy, 'shards.metadata_mentions("text")')
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.startswith("refused:"), child.stdout
+    assert "the cuts' metadata column is invalid" in child.stdout

@@ -78,7 +78,7 @@ class WavScp:
         return b"".join(pieces)[offset - start : end - start]
 
     def _line(self, line: int) -> bytes:
-        cut = int(self._order.cuts[line])
+        cut = self._order.cut_at(line)
         key = kaldi_key(self._ids[cut]).encode("utf-8", "surrogateescape")
         path = self._cut_path(cut).encode("utf-8", "surrogateescape")
         return b"%s %s%s\n" % (key, self._prefix, path)
