@@ -14,6 +14,7 @@ import time
 import wave
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 import pytest
@@ -535,46 +536,69 @@ def test_in_turn_a_cut_is_decoded_once_whichever_process_its_reads_reach(
     assert after["pushes_dropped"] == 0 and after["pushes_refused"] == 0
 
 
+#: Tries per cut of the push test: pushed pages are clean page cache, which the machine may
+#: reclaim before they are read (see the test).
+_PUSH_TRIES: Final = 3
+
+
+def _first_read_then_rest(mount: str, path: str) -> tuple[bytes, tuple[int, int, int, int]]:
+    """A cut read as soundfile begins (its header, one kernel read), then, once the daemon
+    has pushed the rest into the page cache, the rest; the cut's bytes, and for a failure's
+    message: reads it took, bytes of the first, size, pages of the rest not resident
+    (mincore) just before the rest was read."""
+    with open(path, "rb") as cut_file:
+        start = _counters(mount)
+        header = cut_file.read(44)  # one kernel read: a page, or a window
+        answered = _counters(mount)["read_bytes"] - start.get("read_bytes", 0)
+        size = os.stat(path).st_size
+        if answered < size:  # a thread of the daemon pushes the rest: wait for it
+            deadline = time.monotonic() + 10
+            rest = start["pushed_bytes"] + size - answered
+            while _counters(mount)["pushed_bytes"] < rest:
+                assert time.monotonic() < deadline, f"the rest of {path} not pushed"
+                time.sleep(0.005)
+        pages = -(-size // mmap.PAGESIZE)
+        missing = resident_pages(path, answered // mmap.PAGESIZE, pages).count(False)
+        content = header + cut_file.read()
+        reads = _counters(mount)["reads"] - start.get("reads", 0)
+    return content, (reads, answered, size, missing)
+
+
 def test_the_rest_of_a_cut_reaches_the_page_cache_with_its_first_read(
     shard_dir: str, tmp_path: Path, references: dict[str, Reference]
 ) -> None:
     """A reader asking for the header only (soundfile's first read) costs the one
     request, and so does the rest of the cut read after it: the first read's decode is
-    pushed into the kernel's pages, byte for byte what a read would have returned."""
+    pushed into the kernel's pages, byte for byte what a read would have returned.
+
+    The pages pushed are ordinary clean page cache, which the kernel may reclaim before
+    they are read (on the machines this runs on, a DAMON thread pages out page cache by
+    physical region every few seconds, pages a few milliseconds old included); a cut whose
+    rest took more reads is evicted and read again, its frames still in the daemon's cache
+    so that its first read is pushed again. A push that does not happen fails every try."""
     cuts = _cuts_apart(references)
     with mounted(shard_dir, str(tmp_path / "mnt"), "--serving-processes", "1") as mount:
-        before = _counters(mount)
         contents = {}
-        # For a failure's message: reads, bytes of the first, size, pages not resident
-        # when the rest was read.
         reads_of: dict[str, tuple[int, int, int, int]] = {}
+        retried: list[tuple[str, tuple[int, int, int, int]]] = []
         for cut in cuts:  # a fresh mount: none of their pages is cached yet
             path = cut_path(mount, str(cut["id"]))
-            with open(path, "rb") as cut_file:
-                start = _counters(mount)
-                header = cut_file.read(44)  # one kernel read: a page, or a window
-                answered = _counters(mount)["read_bytes"] - start.get("read_bytes", 0)
-                size = os.stat(path).st_size
-                if answered < size:  # a thread of the daemon pushes the rest: wait for it
-                    deadline = time.monotonic() + 10
-                    rest = start["pushed_bytes"] + size - answered
-                    while _counters(mount)["pushed_bytes"] < rest:
-                        assert time.monotonic() < deadline, f"the rest of {cut['id']} not pushed"
-                        time.sleep(0.005)
-                pages = -(-size // mmap.PAGESIZE)
-                missing = resident_pages(path, answered // mmap.PAGESIZE, pages).count(False)
-                contents[str(cut["id"])] = header + cut_file.read()
-                reads = _counters(mount)["reads"] - start.get("reads", 0)
-                reads_of[str(cut["id"])] = (reads, answered, size, missing)
+            for _ in range(_PUSH_TRIES):
+                content, seen = _first_read_then_rest(mount, path)
+                if seen[0] == 1:
+                    break
+                retried.append((str(cut["id"]), seen))
+                with open(path, "rb") as cut_file:
+                    os.posix_fadvise(cut_file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            contents[str(cut["id"])] = content
+            reads_of[str(cut["id"])] = seen
         after = _counters(mount)
         with open(os.path.join(mount, ".cutfs", "stats"), encoding="utf-8") as stats_file:
             assert json.load(stats_file)["errors"] == {}
     assert after["pushes_dropped"] == 0 and after["pushes_refused"] == 0
     # Without the push, a cut of 10 s takes three or four kernel reads more.
     more = {name: seen for name, seen in reads_of.items() if seen[0] != 1}
-    assert after["reads"] - before.get("reads", 0) == len(cuts), (
-        f"(reads, first, size, pages missing before the rest was read): {more}"
-    )
+    assert not more, f"(reads, first, size, pages missing before the rest): {more}, {retried}"
     for cut in cuts:
         lossless = next(
             r for n, r in references.items() if recording_id(n) == cut["recording"]

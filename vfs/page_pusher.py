@@ -19,6 +19,10 @@ cannot be queued (the queue is full) is dropped: the kernel then reads as
 usual.  Memory is bounded by the queue: four pushes of at most 8 MiB of frames
 each (taken from the cache when queued, converted to the file's bytes in the
 thread), 32 MiB per serving process at most.
+
+A push is best effort: its pages are clean page cache, which the kernel may
+reclaim before they are read (memory pressure, ``drop_caches``, or a DAMON
+thread paging out by physical region); a page gone is read again as usual.
 """
 
 from __future__ import annotations
