@@ -95,10 +95,7 @@ def packed_to_s16(raw: bytes | memoryview, sample_format: str) -> Int16Array:
 
 def sample_bytes(sample_format: str) -> int:
     """Bytes per sample of a packed sample format; ValueError for one it does not know."""
-    width = _SAMPLE_BYTES.get(sample_format)
-    if width is None:
+    dtype = PCM_DTYPES.get(sample_format)
+    if dtype is None:
         raise ValueError(f"unknown sample format {sample_format!r}")
-    return width
-
-
-_SAMPLE_BYTES: Final = {"u8": 1, "s16": 2, "s24": 3, "s32": 4, "f32": 4, "f64": 8}
+    return np.dtype(dtype).itemsize
