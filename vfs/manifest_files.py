@@ -27,6 +27,7 @@ import gzip
 import itertools
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
@@ -268,16 +269,31 @@ def _supervisions(cut_id: str, metadata: dict[str, Any], duration: float) -> lis
         items = [{key: metadata[key] for key in _SUPERVISION_FIELDS if key in metadata}]
     supervisions = []
     for number, item in enumerate(items):
+        start, length = _seconds(item.get("start", 0.0)), _seconds(item.get("duration", duration))
+        if start is None or length is None:  # kept as metadata unchecked: left out here
+            log.warning("%s: supervision %d has no usable times: left out", cut_id, number)
+            continue
         supervision = {
             "id": str(item.get("id", f"{cut_id}-{number}")),
             "recording_id": cut_id,
-            "start": float(item.get("start", 0.0)),
-            "duration": float(item.get("duration", duration)),
+            "start": start,
+            "duration": length,
             "channel": 0,
         }
         supervision.update({k: item[k] for k in (*_SUPERVISION_FIELDS, "custom") if k in item})
         supervisions.append(supervision)
     return supervisions
+
+
+def _seconds(value: Any) -> float | None:
+    """A supervision's time as a float, or ``None`` for what is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        seconds = float(value)
+    except (OverflowError, ValueError):
+        return None
+    return seconds if math.isfinite(seconds) else None
 
 
 def _lines(lines: Any) -> bytes:

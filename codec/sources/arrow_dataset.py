@@ -24,7 +24,6 @@ each of a recording named by the id column (``id``, ``recording_id``,
 from __future__ import annotations
 
 import csv
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -42,10 +41,13 @@ from cutfs.codec.sources.catalogue import (
     SourceCut,
     SourceRecording,
 )
+from cutfs.codec.sources.json_lines import json_lines
 from cutfs.codec.sources.tree import files_under
 
 _ID_COLUMNS = ("id", "recording_id", "key", "__key__")
 _SEGMENT_LISTS = ("segments.jsonl", "segments.csv", "segments.tsv")
+#: The fields every segment has; the others are kept as its metadata.
+_SEGMENT_FIELDS = ("id", "recording", "start", "end")
 
 
 def is_arrow_dataset(path: str) -> bool:
@@ -54,7 +56,7 @@ def is_arrow_dataset(path: str) -> bool:
 
 def read_arrow_dataset(directory: str, refusals: Refusals | None = None) -> SourceCatalogue:
     refusals = refusals if refusals is not None else Refusals()
-    rows = [row for path in _files(directory, "arrow") for row in _arrow_rows(path)]
+    rows = [row for path in _files(directory, "arrow") for row in _arrow_rows(path, refusals)]
     rows += [row for path in _files(directory, "parquet") for row in _parquet_rows(path)]
     recordings = [recording for recording, _ in rows]
     segment_list = next(
@@ -82,7 +84,9 @@ def _files(directory: str, extension: str) -> list[str]:
     return [path for path in found if not os.path.basename(path).startswith("cache-")]
 
 
-def _arrow_rows(path: str) -> Iterator[tuple[SourceRecording, dict[str, Any]]]:
+def _arrow_rows(path: str, refusals: Refusals) -> Iterator[tuple[SourceRecording, dict[str, Any]]]:
+    """Each row's recording (its audio cell's bytes in place, or the file its Audio struct
+    names) and metadata; a row without usable audio is refused, the others kept."""
     try:
         buffer = pa.memory_map(path).read_buffer()
         reader = _open_ipc(buffer)
@@ -90,7 +94,7 @@ def _arrow_rows(path: str) -> Iterator[tuple[SourceRecording, dict[str, Any]]]:
         raise SourceError(f"cannot read Arrow file: {exc}", where=path) from exc
     start, end = buffer.address, buffer.address + buffer.size
     row = 0
-    for batch in reader:
+    for batch in _batches(reader, path):
         audio, paths = _audio_column(batch, path)
         ids = _ids(batch, paths)
         _, offsets_buffer, values = audio.buffers()
@@ -100,7 +104,7 @@ def _arrow_rows(path: str) -> Iterator[tuple[SourceRecording, dict[str, Any]]]:
         ]
         missing = audio.is_null().to_numpy(zero_copy_only=False)
         stored = not missing.all() and offsets[-1] > offsets[0]
-        if stored and (values is None or not start <= values.address < end):
+        if stored and (values is None or not start <= values.address <= end - values.size):
             raise SourceError(
                 "the audio bytes are not stored in place (compressed IPC?): pack it instead",
                 where=path,
@@ -108,18 +112,39 @@ def _arrow_rows(path: str) -> Iterator[tuple[SourceRecording, dict[str, Any]]]:
         for number in range(len(audio)):
             where = f"{path}, row {row + number}"
             recording_id = ids[number] or f"{os.path.basename(path)}-{row + number}"
-            if missing[number]:
-                recording = _external(recording_id, paths[number], os.path.dirname(path), where)
-            else:
-                recording = SourceRecording(
-                    recording_id,
-                    path=os.path.abspath(path),
-                    described_in=where,
-                    offset_bytes=values.address - start + int(offsets[number]),
-                    length_bytes=int(offsets[number + 1] - offsets[number]),
-                )
-            yield recording, _metadata(batch, number)
+            recording = None
+            with refusals.entry():
+                if missing[number]:
+                    base = os.path.dirname(path)
+                    recording = _external(recording_id, paths[number], base, where)
+                else:
+                    first_byte, end_byte = int(offsets[number]), int(offsets[number + 1])
+                    if values is None or not 0 <= first_byte < end_byte <= values.size:
+                        raise SourceError(
+                            "the row's audio bytes are empty or out of place", where=where
+                        )
+                    recording = SourceRecording(
+                        recording_id,
+                        path=os.path.abspath(path),
+                        described_in=where,
+                        offset_bytes=values.address - start + first_byte,
+                        length_bytes=end_byte - first_byte,
+                    )
+            if recording is not None:
+                yield recording, _metadata(batch, number)
         row += batch.num_rows
+
+
+def _batches(reader: Iterator[pa.RecordBatch], path: str) -> Iterator[pa.RecordBatch]:
+    """The record batches of a reader; a file that breaks off midway is a SourceError."""
+    while True:
+        try:
+            batch = next(reader)
+        except StopIteration:
+            return
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceError(f"cannot read Arrow file: {exc}", where=path) from exc
+        yield batch
 
 
 def _external(recording_id: str, path: str | None, base: str, where: str) -> SourceRecording:
@@ -211,6 +236,8 @@ def _audio_column(batch: pa.RecordBatch, where: str) -> tuple[pa.Array, list[str
         if column.type.get_field_index("path") >= 0:
             paths = column.field("path").to_pylist()
         column = column.field("bytes")
+    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+        raise SourceError(f"the audio column holds {column.type}, not bytes", where=where)
     return column, paths
 
 
@@ -236,30 +263,33 @@ def _metadata(batch: pa.RecordBatch, row: int) -> dict[str, Any]:
 
 
 def _segments(path: str, refusals: Refusals) -> Iterator[SourceCut]:
-    try:
-        if path.endswith(".jsonl"):
-            with open(path, encoding="utf-8") as lines:
-                rows = [json.loads(line) for line in lines if line.strip()]
-        else:
-            with open(path, encoding="utf-8", newline="") as table:
-                delimiter = "\t" if path.endswith(".tsv") else ","
-                rows = list(csv.DictReader(table, delimiter=delimiter))
-    except (OSError, ValueError) as exc:
-        raise SourceError(f"cannot read the segment list: {exc}", where=path) from exc
-    for number, row in enumerate(rows, start=1):
+    """The cuts of a segment list: JSON lines, or a CSV or TSV table with a header."""
+    rows = json_lines(path, refusals) if path.endswith(".jsonl") else _table_rows(path)
+    for row, where in rows:
         with refusals.entry():
-            yield _segment(row, f"{path}:{number}")
+            yield _segment(row, where)
+
+
+def _table_rows(path: str) -> Iterator[tuple[dict[str | None, Any], str]]:
+    """The rows of a CSV or TSV table, as the header names them (values past the header's
+    columns under ``None``); an unreadable table is a SourceError."""
+    try:
+        with open(path, encoding="utf-8", newline="") as table:
+            delimiter = "\t" if path.endswith(".tsv") else ","
+            rows = csv.DictReader(table, delimiter=delimiter)
+            for row in rows:
+                yield row, f"{path}:{rows.line_num}"
+    except (OSError, ValueError, csv.Error) as exc:  # UnicodeDecodeError included
+        raise SourceError(f"cannot read the segment list: {exc}", where=path) from exc
 
 
 def _segment(row: Any, where: str) -> SourceCut:
-    if not isinstance(row, dict) or not all(
-        row.get(key) is not None for key in ("id", "recording", "start", "end")
-    ):
+    if not isinstance(row, dict) or not all(row.get(key) is not None for key in _SEGMENT_FIELDS):
         raise SourceError("a segment needs id, recording, start and end", where=where)
     cut_id, recording = str(row["id"]), str(row["recording"])
     start = parse_seconds(str(row["start"]), f"the start of segment {cut_id!r}", where=where)
     end = parse_seconds(str(row["end"]), f"the end of segment {cut_id!r}", where=where)
     if not start < end:
         raise SourceError(f"segment {cut_id!r} has start {start} and end {end}", where=where)
-    metadata = {k: v for k, v in row.items() if k not in ("id", "recording", "start", "end")}
+    metadata = {str(k): v for k, v in row.items() if k is not None and k not in _SEGMENT_FIELDS}
     return SourceCut(cut_id, recording, start, end - start, metadata=metadata, described_in=where)

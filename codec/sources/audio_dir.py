@@ -58,10 +58,11 @@ def read_audio_dir(directory: str, refusals: Refusals | None = None) -> SourceCa
             )
             continue
         ids[recording_id] = path
-        recordings.append(
-            SourceRecording(recording_id, path=os.path.abspath(path), described_in=path)
-        )
-        cuts.append(SourceCut(recording_id, recording_id, described_in=path))
+        with refusals.entry():
+            cuts.append(SourceCut(recording_id, recording_id, described_in=path))
+            recordings.append(
+                SourceRecording(recording_id, path=os.path.abspath(path), described_in=path)
+            )
     if not recordings:
         raise SourceError(
             "not a shard directory, and no manifests, datasets or audio files were found in it",

@@ -150,8 +150,13 @@ class CutColumns:
             self.append(cut)
 
     def append(self, cut: SourceCut) -> None:
+        """Keep a cut; :class:`SourceError` (refusing it) when its ids cannot be stored as
+        text, as names made from bytes that are not UTF-8 cannot."""
         if self._table is not None:
             raise RuntimeError("cuts cannot be added after table()")
+        for text in (cut.cut_id, cut.recording_id):
+            if not is_text(text):
+                raise SourceError(f"the id {text!r} is not UTF-8 text", where=cut.described_in)
         self._pending.append(cut)
         self._count += 1
         if len(self._pending) >= _BATCH_ROWS:
@@ -214,10 +219,7 @@ class CutColumns:
                     [None if c.channels is None else list(c.channels) for c in cuts],
                     pa.list_(pa.int16()),
                 ),
-                pa.array(
-                    [json.dumps(c.metadata, ensure_ascii=False, sort_keys=True) for c in cuts],
-                    pa.string(),
-                ),
+                pa.array([_metadata_text(c.metadata) for c in cuts], pa.string()),
                 pa.array([cut.described_in for cut in cuts], pa.string()),
             ],
             schema=CUT_COLUMNS_SCHEMA,
@@ -244,6 +246,14 @@ class SourceCatalogue:
         recording_ids: set[str] = set()
         recordings = []
         for recording in self.recordings:
+            if not is_text(recording.recording_id):
+                refusals.refuse(
+                    SourceError(
+                        f"the id {recording.recording_id!r} is not UTF-8 text",
+                        where=recording.described_in,
+                    )
+                )
+                continue
             if recording.recording_id in recording_ids:
                 refusals.refuse(
                     SourceError(
@@ -290,6 +300,23 @@ class SourceCatalogue:
                 message = f"duplicate cut id {cut_id!r}"
             refusals.refuse(SourceError(message, where=where))
         self.cuts.replace(table.filter(pa.array(keep)))
+
+
+def is_text(value: str) -> bool:
+    """Whether a string can be stored as UTF-8 (not when it holds lone surrogates: bytes
+    that were not UTF-8, kept by ``surrogateescape``, or a JSON escape such as ``\\ud800``)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _metadata_text(metadata: dict[str, Any]) -> str:
+    """A cut's metadata as JSON text, its keys sorted; characters that UTF-8 cannot hold
+    (lone surrogates) are written as JSON escapes."""
+    text = json.dumps(metadata, ensure_ascii=False, sort_keys=True)
+    return text if is_text(text) else json.dumps(metadata, sort_keys=True)
 
 
 def _later_duplicates(ids: pa.ChunkedArray) -> np.ndarray:

@@ -110,21 +110,24 @@ def _table(
     """``(key, rest of the line, where)`` per non-empty line; a line without a value is refused."""
     rows = []
     try:
-        with open(path, encoding="utf-8") as lines:
+        with open(path, "rb") as lines:
             for number, raw_line in enumerate(lines, start=1):
-                fields = raw_line.strip().split(None, 1)
+                where = f"{path}:{number}"
+                try:
+                    line = raw_line.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    refusals.refuse(SourceError(f"not UTF-8 text: {exc}", where=where))
+                    continue
+                fields = line.strip().split(None, 1)
                 if not fields:
                     continue
                 key, value = fields[0], fields[1] if len(fields) > 1 else ""
-                where = f"{path}:{number}"
                 if not value and not allow_empty_value:
                     refusals.refuse(SourceError(f"line for {key!r} has no value", where=where))
                     continue
                 rows.append((key, value, where))
     except OSError as exc:
         raise SourceError(f"cannot read: {exc}", where=path) from exc
-    except UnicodeDecodeError as exc:
-        raise SourceError(f"not UTF-8 text: {exc}", where=path) from exc
     return rows
 
 

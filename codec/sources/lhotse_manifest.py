@@ -12,8 +12,6 @@ recordings manifest is given.
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +27,7 @@ from cutfs.codec.sources.catalogue import (
     SourceCut,
     SourceRecording,
 )
+from cutfs.codec.sources.json_lines import json_lines
 
 _SUPERVISION_FIELDS = ("speaker", "text", "language", "gender")
 
@@ -88,24 +87,11 @@ def read_lhotse(paths: list[str], refusals: Refusals | None = None) -> SourceCat
 
 
 def _items(path: str, refusals: Refusals) -> Iterator[tuple[dict[str, Any], str]]:
-    opener = gzip.open if path.endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{number}"
-                try:
-                    item = json.loads(line)
-                except ValueError as exc:
-                    refusals.refuse(SourceError(f"invalid JSON: {exc}", where=where))
-                    continue
-                if not isinstance(item, dict):
-                    refusals.refuse(SourceError("each line must be a JSON object", where=where))
-                    continue
-                yield item, where
-    except OSError as exc:
-        raise SourceError(f"cannot read manifest: {exc}", where=path) from exc
+    for item, where in json_lines(path, refusals):
+        if not isinstance(item, dict):
+            refusals.refuse(SourceError("each line must be a JSON object", where=where))
+            continue
+        yield item, where
 
 
 def _add_recording(
@@ -277,6 +263,10 @@ def _describe_transforms(transforms: Any) -> str:
 
 
 def _resolve(location: str, base: str) -> str:
-    if os.path.isabs(location) or os.path.exists(location):
+    """A source's path: absolute as given; relative, beside the manifest if it is there, else
+    from the working directory (where Lhotse itself would look), so that what is served does
+    not depend on the working directory whenever the manifest's own directory has it."""
+    if os.path.isabs(location):
         return os.path.abspath(location)
-    return os.path.abspath(os.path.join(base, location))
+    beside = os.path.join(base, location)
+    return os.path.abspath(beside if os.path.exists(beside) else location)

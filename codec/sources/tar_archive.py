@@ -15,7 +15,6 @@ members once is all it takes, nothing is extracted.
 from __future__ import annotations
 
 import glob
-import gzip
 import json
 import os
 import tarfile
@@ -31,6 +30,7 @@ from cutfs.codec.sources.catalogue import (
     SourceCut,
     SourceRecording,
 )
+from cutfs.codec.sources.json_lines import json_lines
 from cutfs.codec.sources.tree import files_under
 
 AUDIO_MEMBER_EXTENSIONS = frozenset(
@@ -56,7 +56,7 @@ def read_webdataset(path: str, refusals: Refusals | None = None) -> SourceCatalo
     cuts = CutColumns()
     for tar_path in [path] if os.path.isfile(path) else _tars(path):
         samples: dict[str, dict[str, tarfile.TarInfo]] = {}
-        for member in _members(tar_path):
+        for member in _members(tar_path, refusals):
             directory, _, name = member.name.rpartition("/")
             stem, _, extension = name.partition(".")
             key = f"{directory}/{stem}" if directory else stem
@@ -66,17 +66,18 @@ def read_webdataset(path: str, refusals: Refusals | None = None) -> SourceCatalo
             if audio is None:
                 continue
             where = f"{tar_path}:{audio.name}"
-            recordings.append(
-                SourceRecording(
-                    key,
-                    path=os.path.abspath(tar_path),
-                    described_in=where,
-                    offset_bytes=audio.offset_data,
-                    length_bytes=audio.size,
+            with refusals.entry():
+                metadata = _webdataset_metadata(tar_path, members)
+                cuts.append(SourceCut(key, key, metadata=metadata, described_in=where))
+                recordings.append(
+                    SourceRecording(
+                        key,
+                        path=os.path.abspath(tar_path),
+                        described_in=where,
+                        offset_bytes=audio.offset_data,
+                        length_bytes=audio.size,
+                    )
                 )
-            )
-            metadata = _webdataset_metadata(tar_path, members)
-            cuts.append(SourceCut(key, key, metadata=metadata, described_in=where))
     catalogue = SourceCatalogue(recordings, cuts, "WebDataset tars")
     catalogue.check(refusals)
     return catalogue
@@ -92,13 +93,13 @@ def read_lhotse_shar(directory: str, refusals: Refusals | None = None) -> Source
         if not os.path.isfile(tar_path):
             raise SourceError(f"no recording.{shard}.tar beside it", where=manifest)
         members: dict[str, tarfile.TarInfo] = {}
-        for member in _members(tar_path):
+        for member in _members(tar_path, refusals):
             stem, _, extension = member.name.rpartition(".")
             if extension.lower() in AUDIO_MEMBER_EXTENSIONS:
                 members[stem] = member
-        for number, item in enumerate(_jsonl(manifest), start=1):
+        for item, where in json_lines(manifest, refusals):
             with refusals.entry():
-                recording, cut = _shar_entry(item, f"{manifest}:{number}", tar_path, members)
+                recording, cut = _shar_entry(item, where, tar_path, members)
                 recordings.append(recording)
                 cuts.append(cut)
     catalogue = SourceCatalogue(recordings, cuts, "Lhotse Shar")
@@ -150,14 +151,50 @@ def _tars(directory: str) -> list[str]:
     return files_under(directory, (".tar",))
 
 
-def _members(tar_path: str) -> list[tarfile.TarInfo]:
+def _members(tar_path: str, refusals: Refusals) -> list[tarfile.TarInfo]:
+    """The regular files of a tar, whose bytes are stored in one piece (at ``offset_data``).
+
+    Sparse members are refused: their bytes are stored in pieces, and served as one
+    range they would be other audio. ``tarfile`` ends an archive at the first header it
+    cannot read, without a word: a tar that goes on past it is noted, so that the members
+    left out are not lost silently.
+    """
     try:
         with tarfile.open(tar_path, "r:") as archive:  # "r:": compressed tars cannot be sliced
-            return [member for member in archive.getmembers() if member.isfile()]
+            members = archive.getmembers()
+            ended_at = archive.offset
     except (OSError, tarfile.TarError) as exc:
         raise SourceError(
             f"cannot read the tar (uncompressed tars only): {exc}", where=tar_path
         ) from exc
+    if _goes_on_after(tar_path, ended_at):
+        refusals.refuse(
+            SourceError(
+                f"unreadable tar header at byte {ended_at}: the members after it are left out",
+                where=tar_path,
+            )
+        )
+    files = []
+    for member in members:
+        if member.issparse():
+            refusals.refuse(
+                SourceError(
+                    "a sparse member (its bytes are stored in pieces): unpack and tar it "
+                    "without --sparse",
+                    where=f"{tar_path}:{member.name}",
+                )
+            )
+        elif member.isfile():
+            files.append(member)
+    return files
+
+
+def _goes_on_after(tar_path: str, offset: int) -> bool:
+    """Whether the tar holds more than its end-of-archive zeros from ``offset`` on."""
+    with open(tar_path, "rb") as tar_file:
+        tar_file.seek(offset)
+        block = tar_file.read(tarfile.BLOCKSIZE)
+    return bool(block.strip(b"\0"))
 
 
 def _webdataset_metadata(tar_path: str, members: dict[str, tarfile.TarInfo]) -> dict[str, Any]:
@@ -174,7 +211,7 @@ def _webdataset_metadata(tar_path: str, members: dict[str, tarfile.TarInfo]) -> 
                 continue
             try:
                 loaded = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(loaded, dict):
                 metadata.update({k: v for k, v in loaded.items() if _is_plain(v)})
@@ -198,15 +235,6 @@ def _declared(recording: dict[str, Any], where: str) -> DeclaredAudio | None:
     channel_ids = recording.get("channel_ids")
     channels = len(channel_ids) if isinstance(channel_ids, list) and channel_ids else 1
     return DeclaredAudio(*check_shape(rate, channels, frames, where=where))
-
-
-def _jsonl(path: str) -> list[dict[str, Any]]:
-    opener = gzip.open if path.endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as lines:
-            return [json.loads(line) for line in lines if line.strip()]
-    except (OSError, ValueError) as exc:
-        raise SourceError(f"cannot read manifest: {exc}", where=path) from exc
 
 
 def _is_plain(value: Any) -> bool:
