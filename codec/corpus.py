@@ -39,15 +39,17 @@ class Corpus:
     def __init__(self, source: str | os.PathLike[str], cache_dir: str | None = None) -> None:
         """``cache_dir`` keeps the index of a source served in place (default: as a mount)."""
         path = os.fspath(source)
+        # Absolute, as a mount makes it: the index names files inside it by their paths.
+        cache_root = os.path.abspath(cache_dir) if cache_dir else default_cache_root()
         if is_remote(path):
-            self._library: Library = open_remote_shards(path, cache_dir or default_cache_root())
+            self._library: Library = open_remote_shards(path, cache_root)
         elif os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST_FILE)):
             self._library = ShardSet(path)
         elif os.path.exists(path):
             refuse_uncommitted(path)
             # Read with the caller's own rights, as `cutfs pack` reads: no confinement.
             policy = SourcePolicy.everything()
-            directory = prepare_index(path, cache_dir or default_cache_root(), policy)
+            directory = prepare_index(path, cache_root, policy)
             self._library = SourceIndex(directory, policy=policy)
         else:
             raise SourceError("no such file or directory", where=path)

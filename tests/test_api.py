@@ -53,6 +53,30 @@ def test_open_reads_a_source_in_place_exactly(
             corpus_reader.read_cut("missing")
 
 
+def test_open_with_a_relative_cache_extracts_parquet_rows_it_can_read_back(
+    tmp_path: Path,
+    corpus: dict[str, str],
+    references: dict[str, Reference],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Parquet rows are extracted into the cache and then read by their path: with a
+    relative ``cache_dir`` that path was taken from ``/`` (no such file)."""
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    audio = Path(corpus["flac_mono_16k.flac"]).read_bytes()
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    cells = pa.array([{"bytes": audio, "path": "a.flac"}], kind)
+    pq.write_table(pa.table({"id": ["a"], "audio": cells}), dataset / "0.parquet")
+    monkeypatch.chdir(tmp_path)
+    with cutfs.open("dataset", cache_dir="cache") as corpus_reader:
+        samples, rate = corpus_reader.read_cut("a")
+    assert rate == 16000
+    assert (samples == references["flac_mono_16k.flac"].samples).all()
+
+
 @needs_fuse
 @pytest.mark.mount
 def test_mounted_always_unmounts_and_reports_failures(shard_dir: str, tmp_path: Path) -> None:
