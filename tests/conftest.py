@@ -633,16 +633,17 @@ def format_1_copy(shard_dir: str | Path, copy: Path) -> None:
     (copy / MANIFEST_FILE).write_text(json.dumps(manifest))
     with pa.OSFile(str(copy / RECORDINGS_FILE), "rb") as source:  # a copy: the file is rewritten
         recordings = pa.ipc.open_file(source).read_all()
-    _rewrite_table(copy / RECORDINGS_FILE, recordings.drop_columns(["blob_offset"]))
+    write_arrow_file(copy / RECORDINGS_FILE, recordings.drop_columns(["blob_offset"]))
     with pa.OSFile(str(copy / CUTS_FILE), "rb") as source:
         cuts = pa.ipc.open_file(source).read_all()
     for name in ("cut_id", "metadata"):
         index = cuts.schema.get_field_index(name)
         cuts = cuts.set_column(index, name, cuts.column(name).cast(pa.string()))
-    _rewrite_table(copy / CUTS_FILE, cuts)
+    write_arrow_file(copy / CUTS_FILE, cuts)
 
 
-def _rewrite_table(path: Path, table: pa.Table) -> None:
+def write_arrow_file(path: Path, table: pa.Table) -> None:
+    """Write ``table`` as an Arrow IPC file, one record batch per chunk of its columns."""
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
 

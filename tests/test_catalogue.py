@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import trio
-from conftest import format_1_copy
+from conftest import format_1_copy, write_arrow_file
 
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.file_tree import served_paths
@@ -220,17 +220,7 @@ def test_the_python_api_finds_every_cut_by_id_even_odd_and_clashing_ones(packed:
 
 
 def test_a_recording_row_that_lies_fails_where_it_is_used(packed: Path, tmp_path: Path) -> None:
-    copy = tmp_path / "lying"
-    shutil.copytree(packed, copy)
-    with pa.OSFile(str(copy / RECORDINGS_FILE), "rb") as source:
-        table = pa.ipc.open_file(source).read_all()
-    index = table.schema.get_field_index("sample_rate")
-    table = table.set_column(index, "sample_rate", pa.array([10**9], pa.int32()))
-    with (
-        pa.OSFile(str(copy / RECORDINGS_FILE), "wb") as sink,
-        pa.ipc.new_file(sink, table.schema) as writer,
-    ):
-        writer.write_table(table)
+    copy = _rewritten(packed, tmp_path / "lying", RECORDINGS_FILE, {"sample_rate": _a_billion})
     with ShardSet(str(copy)) as shards:  # opening reads no row
         assert shards.num_cuts == len(IDS)
         with pytest.raises(ShardFormatError, match="numbers out of range"):
@@ -277,14 +267,16 @@ def _rewritten(packed: Path, copy: Path, name: str, change: dict[str, object]) -
             columns[field.name] = pa.array(rows, field.type)
         except (pa.ArrowException, TypeError, ValueError):
             columns[field.name] = pa.array(rows)
-    table = pa.table(columns)
-    with pa.OSFile(str(copy / name), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
+    write_arrow_file(copy / name, pa.table(columns))
     return copy
 
 
 def _unchanged(rows: list[object]) -> list[object]:
     return rows
+
+
+def _a_billion(rows: list[object]) -> list[object]:
+    return [10**9] * len(rows)
 
 
 def _shape_of_first_cut(shards: ShardSet) -> object:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from conftest import CUTFS, is_mounted, mounted, needs_fuse, unmount
+from conftest import CUTFS, is_mounted, mounted, needs_fuse, unmount, write_arrow_file
 
 from cutfs.codec.shard_format import CUTS_FILE, RECORDINGS_FILE
 
@@ -250,8 +250,7 @@ def _rewrite_column(path: Path, column: str, change: Callable[[list[object]], No
     change(values)
     index = table.schema.get_field_index(column)
     table = table.set_column(index, column, pa.array(values, table.schema.field(index).type))
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
+    write_arrow_file(path, table)
 
 
 def _far_past_the_end(values: list[object]) -> None:

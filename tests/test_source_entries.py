@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import write_arrow_file
 
 from cutfs.codec.errors import SourceError
 from cutfs.codec.sources import Refusals, read_source
@@ -199,9 +200,7 @@ def test_a_tar_header_that_cannot_be_read_is_noted_with_the_members_after_it(
 
 
 def _arrow_file(path: Path, batches: list[pa.RecordBatch]) -> None:
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batches[0].schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
+    write_arrow_file(path, pa.Table.from_batches(batches))  # a chunk is a batch
 
 
 def test_arrow_rows_without_usable_audio_cost_their_row_only(

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import trio
-from conftest import CUTFS, Reference, mounted, needs_fuse
+from conftest import CUTFS, Reference, mounted, needs_fuse, write_arrow_file
 from corpus import ffmpeg_decode, wav_header
 from trust_helpers import (
     OTHER_USER,
@@ -620,8 +620,7 @@ def test_a_planted_plan_is_not_served(tmp_path: Path, corpus: dict[str, str]) ->
     row["source"] = "/etc/hostname"
     row["blob_offset"] = 0
     table = pa.Table.from_pylist([row], schema=pa.ipc.open_file(pa.memory_map(str(plan))).schema)
-    with pa.OSFile(str(plan), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
+    write_arrow_file(plan, table)
     with SourceIndex(directory) as index:
         recording = index.index(0)
         frames = index.read_frames(0, 0, recording.num_frames)
