@@ -17,6 +17,8 @@ with their error lines; those already done stay done, and a rerun (or
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -163,7 +165,12 @@ class SlurmEngine:
             import submitit  # noqa: PLC0415 - only needed for this engine
         except ImportError as exc:
             raise SourceError("--engine slurm needs submitit: pip install submitit") from exc
-        executor = submitit.AutoExecutor(folder=self.folder, cluster=self.cluster)
+        # Its tasks run an isolated interpreter (see clean_start): a job starts in the
+        # directory it was submitted from, which must not be on the import path.
+        python = f"{shlex.quote(sys.executable)} -I"
+        executor = submitit.AutoExecutor(
+            folder=self.folder, cluster=self.cluster, slurm_python=python, local_python=python
+        )
         parameters: dict[str, Any] = {
             "name": "cutfs-pack",
             "timeout_min": self.timeout_min,

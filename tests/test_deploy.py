@@ -144,7 +144,7 @@ def fuse_for_everyone() -> Iterator[None]:
 def test_an_unprivileged_user_mounts_through_fusermount3(
     public_shards: str, fuse_for_everyone: None
 ) -> None:
-    python, environment = _python_for_nobody()
+    python, environment = _python_for_nobody(Path(public_shards).parent)
     mountpoint = Path(public_shards).parent / "mnt"
     mountpoint.mkdir()
     os.chown(mountpoint, 65534, 65534)
@@ -193,11 +193,13 @@ def test_an_unprivileged_user_mounts_through_fusermount3(
         unmount(str(mountpoint))
 
 
-def _python_for_nobody() -> tuple[str, dict[str, str]]:
+def _python_for_nobody(directory: Path) -> tuple[str, dict[str, str]]:
     """An interpreter 'nobody' may run, with this environment's packages on its path.
 
-    The test environment's own interpreter often lives under /root (pyenv);
-    the system's Python of the same minor version can load the same packages.
+    The test environment's own interpreter often lives under /root (pyenv); the system's
+    Python of the same minor version can load the same packages.  They are put on its path
+    by a ``.pth`` file of a virtual environment made in ``directory`` (cutfs runs isolated
+    interpreters, which ignore ``PYTHONPATH``).
     """
     packages = [p for p in sys.path if p.endswith("site-packages")]
     candidates = [
@@ -207,11 +209,12 @@ def _python_for_nobody() -> tuple[str, dict[str, str]]:
     for candidate in candidates:
         paths = [Path(candidate).parent, REPOSITORY, *map(Path, packages)]
         if os.path.exists(candidate) and all(_readable_by_nobody(p) for p in paths):
-            environment = {
-                "PATH": HELPER_PATH,
-                "PYTHONPATH": os.pathsep.join([*packages, str(REPOSITORY)]),
-            }
-            return candidate, environment
+            environment = directory / "venv"
+            subprocess.run([candidate, "-m", "venv", "--without-pip", environment], check=True)
+            version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+            site = environment / "lib" / version / "site-packages"
+            (site / "cutfs-test.pth").write_text("\n".join([*packages, str(REPOSITORY)]) + "\n")
+            return str(environment / "bin" / "python"), {"PATH": HELPER_PATH}
     pytest.skip("no Python interpreter with cutfs installed is accessible to 'nobody'")
 
 

@@ -12,14 +12,16 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, NoReturn
+from typing import IO, Any, ClassVar, NoReturn
 
 from tqdm import tqdm
 
 from cutfs import __version__
 from cutfs.codec.caching_store import DEFAULT_DISK_BYTES
+from cutfs.codec.clean_start import absolute, clean_environment, python_command, restart_clean
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.object_store import is_remote
@@ -90,7 +92,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             _output_format(args)
         except ValueError as exc:
             parser.error(str(exc))
+    _make_paths_absolute(args)
     return int(args.run(args))
+
+
+def _make_paths_absolute(args: argparse.Namespace) -> None:
+    """Resolve every local path argument against the directory the command was run from
+    (:func:`caller_directory`): a clean start runs from ``/``, and what it starts must not
+    depend on a working directory."""
+
+    def local(path: str) -> str:
+        return path if is_remote(path) else absolute(path)
+
+    for name in ("shard_dir", "output", "directory", "mountpoint", "cache_dir", "slurm_folder"):
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            setattr(args, name, local(value))
+    if isinstance(getattr(args, "sources", None), list):
+        args.sources = [local(source) for source in args.sources]
+    if isinstance(getattr(args, "allow_roots", None), list):
+        args.allow_roots = [absolute(root) for root in args.allow_roots]
+    if getattr(args, "log_file", None) not in (None, "syslog"):
+        args.log_file = absolute(args.log_file)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -849,9 +872,6 @@ def _apply_mount_options(args: argparse.Namespace) -> None:
 
 
 def _mount(args: argparse.Namespace) -> int:
-    if not is_remote(args.shard_dir):
-        args.shard_dir = os.path.abspath(args.shard_dir)
-    args.mountpoint = os.path.abspath(args.mountpoint)
     if not args.foreground:
         return _mount_in_background(args)
     if args.ready_fd is not None and args.log_file is None:
@@ -867,10 +887,10 @@ def _mount(args: argparse.Namespace) -> int:
         profile=args.profile,
         read_ahead_kb=args.read_ahead_kb,
         max_background=args.max_background,
-        cache_dir=os.path.abspath(args.cache_dir) if args.cache_dir else None,
+        cache_dir=args.cache_dir,
         windows=_windows(args),
         output_format=_output_format(args),
-        allowed_roots=tuple(os.path.abspath(root) for root in args.allow_roots),
+        allowed_roots=tuple(args.allow_roots),
         allowed_objects=tuple(args.allow_objects),
         allow_commands=args.allow_commands,
         command_limits=CommandLimits(timeout_seconds=args.command_timeout),
@@ -889,8 +909,9 @@ def _mount(args: argparse.Namespace) -> int:
     ready_fd: int | None = args.ready_fd
 
     def on_ready() -> None:
-        os.chdir("/")  # do not keep the caller's directory busy
+        os.chdir("/")  # do not keep the caller's directory busy (a clean start is there)
         if ready_fd is not None:
+            _detach_output()
             os.write(ready_fd, b"ready\n")
             os.close(ready_fd)
 
@@ -937,45 +958,73 @@ def _report_failure(ready_fd: int | None, exit_code: int, message: str) -> None:
 
 
 def _mount_in_background(args: argparse.Namespace) -> int:
-    """Start the daemon detached, with the same arguments, and wait until it is ready.
+    """Start the daemon detached, as a clean start with the same arguments, and wait until
+    it is ready.
 
-    The daemon reports through a pipe: "ready", or "error CODE MESSAGE".  It
-    gets no terminal: its stdin, stdout and stderr are /dev/null, so a caller
-    capturing our output (mount(8) does) is not kept waiting.
+    The daemon reports through a pipe: "ready", or "error CODE MESSAGE".  It gets no
+    terminal: its stdin and stdout are /dev/null, so a caller capturing our output (mount(8)
+    does) is not kept waiting.  Its stderr is an unnamed file until it is ready (then
+    /dev/null, see :func:`_detach_output`), so that a daemon that dies before it could
+    log, for example at an import, is reported with what it printed.
     """
     read_end, write_end = os.pipe()
-    command = [
-        sys.executable,
-        "-m",
-        "cutfs.vfs.cli",
-        *args.argv,
-        "--foreground",
-        "--ready-fd",
-        str(write_end),
-    ]
-    daemon = subprocess.Popen(
-        command,
-        pass_fds=(write_end,),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    command = python_command(
+        "cutfs.vfs.cli", [*args.argv, "--foreground", "--ready-fd", str(write_end)]
     )
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as ready:
-        message = ready.read().decode(errors="replace").strip()
-    if message == "ready":
-        return ExitCode.OK
-    status = daemon.wait()
-    if message.startswith("error "):
-        _, code, text = [*message.split(" ", 2), ""][:3]
-        print(f"cutfs mount: {text or 'the daemon failed (see its log)'}", file=sys.stderr)
-        return int(code)
-    print(
-        f"cutfs mount: the daemon exited with status {status} before the mount was ready",
-        file=sys.stderr,
-    )
+    with tempfile.TemporaryFile() as early_output:
+        daemon = subprocess.Popen(
+            command,
+            cwd="/",
+            env=clean_environment(),
+            pass_fds=(write_end,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=early_output,
+            start_new_session=True,
+        )
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as ready:
+            message = ready.read(_MOST_READY_BYTES).decode(errors="replace").strip()
+        if message == "ready":
+            return ExitCode.OK
+        status = daemon.wait()
+        if message.startswith("error "):
+            _, code, text = [*message.split(" ", 2), ""][:3]
+            print(f"cutfs mount: {text or 'the daemon failed (see its log)'}", file=sys.stderr)
+            return int(code)
+        print(
+            f"cutfs mount: the daemon exited with status {status} before the mount was ready"
+            + _last_lines(early_output),
+            file=sys.stderr,
+        )
     return status or ExitCode.ERROR
+
+
+#: The most a daemon's report of its start is read of.
+_MOST_READY_BYTES = 64 << 10
+
+
+def _last_lines(output: IO[bytes], most_bytes: int = 4096) -> str:
+    """What a daemon printed before it died, its last ``most_bytes``, as lines to append to
+    a message (printable characters only: it may quote data)."""
+    size = output.seek(0, os.SEEK_END)
+    output.seek(max(size - most_bytes, 0))
+    text = output.read().decode(errors="replace").strip()
+    if not text:
+        return " (it printed nothing)"
+    printable = "".join(c if c.isprintable() or c == "\n" else "?" for c in text)
+    return ":\n" + printable
+
+
+def _detach_output() -> None:
+    """In a daemon started in the background, once it is ready: stdout and stderr go to
+    /dev/null (the log goes where ``--log-file`` says), not to the file its starter read."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+    finally:
+        os.close(null)
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
@@ -1201,4 +1250,5 @@ def _umount(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
+    restart_clean("cutfs.vfs.cli", sys.argv[1:])
     sys.exit(main())

@@ -25,6 +25,7 @@ import pyfuse3
 import trio
 
 from cutfs.codec.caching_store import DEFAULT_DISK_BYTES
+from cutfs.codec.clean_start import is_clean
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
@@ -561,6 +562,12 @@ def _serving_user(requested: str | None, source: str | None) -> ServingUser | No
 
 
 def _check_environment(mountpoint: str) -> None:
+    if os.geteuid() == 0 and not is_clean():
+        raise MountError(
+            "a daemon that runs as root must be a clean start (an isolated interpreter, "
+            "from /): run it as the cutfs command",
+            ExitCode.USAGE,
+        )
     if not os.path.exists("/dev/fuse"):
         raise MountError(
             "/dev/fuse is missing: load the fuse module or install fuse3", ExitCode.NO_FUSE

@@ -1,7 +1,8 @@
 """``cutfs.mounted``: a mount for the duration of a ``with`` block, as notebooks and tests want.
 
 The mount is made by the ``cutfs`` command, exactly as a user would run it (a daemon in
-the background, ready when the command returns), and is always unmounted on the way out,
+the background, ready when the command returns, started clean: see
+:mod:`cutfs.codec.clean_start`), and is always unmounted on the way out,
 errors included.  Options are the command's long options with ``_`` for ``-``:
 ``mounted(src, cache_size="2G", serving_processes=4, allow_other=True)`` runs
 ``cutfs mount --cache-size 2G --serving-processes 4 --allow-other src MOUNTPOINT``.
@@ -12,12 +13,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from cutfs.codec.clean_start import clean_environment, python_command
 from cutfs.codec.errors import CutfsError
 
 
@@ -39,9 +40,12 @@ def mounted(
     """
     temporary = mountpoint is None
     target = Path(tempfile.mkdtemp(prefix="cutfs-")) if mountpoint is None else Path(mountpoint)
-    command = [sys.executable, "-m", "cutfs.vfs.cli", "mount", *_flags(options)]
-    command += [os.fspath(source), str(target)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    command = python_command(
+        "cutfs.vfs.cli", ["mount", *_flags(options), os.fspath(source), str(target)]
+    )
+    result = subprocess.run(
+        command, cwd="/", env=clean_environment(), capture_output=True, text=True, check=False
+    )
     try:
         if result.returncode != 0:
             raise MountFailedError(result.stderr.strip() or f"status {result.returncode}")

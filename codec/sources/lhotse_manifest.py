@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from cutfs.codec.clean_start import absolute
 from cutfs.codec.errors import SourceError
 from cutfs.codec.limits import MAX_CHANNELS, check_seconds, check_shape
 from cutfs.codec.object_store import is_remote, split_object_url
@@ -264,9 +265,10 @@ def _describe_transforms(transforms: Any) -> str:
 
 def _resolve(location: str, base: str) -> str:
     """A source's path: absolute as given; relative, beside the manifest if it is there, else
-    from the working directory (where Lhotse itself would look), so that what is served does
-    not depend on the working directory whenever the manifest's own directory has it."""
+    from the directory the command was run from (where Lhotse itself would look: see
+    :func:`caller_directory`), so that what is served does not depend on that directory
+    whenever the manifest's own directory has it."""
     if os.path.isabs(location):
         return os.path.abspath(location)
     beside = os.path.join(base, location)
-    return os.path.abspath(beside if os.path.exists(beside) else location)
+    return os.path.abspath(beside) if os.path.exists(beside) else absolute(location)
