@@ -28,5 +28,5 @@ def test_wheel_installs_only_the_cutfs_package(tmp_path: Path) -> None:
     assert "cutfs/codec/sources/lhotse_manifest.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     with zipfile.ZipFile(wheel) as archive:
-        assert "cutfs = cutfs.vfs.cli:main" in archive.read(entry_points).decode()
+        assert "cutfs = cutfs.__main__:main" in archive.read(entry_points).decode()
     assert f"cutfs-{cutfs.__version__}-" in wheel.name
