@@ -26,7 +26,6 @@ from typing import Final
 from cutfs.codec.errors import SourceError
 from cutfs.codec.file_tree import TREE_FILES
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE
-from cutfs.codec.local_store import file_stamp
 from cutfs.codec.private_directory import private_directory
 from cutfs.codec.shard_format import (
     CUTS_FILE,
@@ -35,6 +34,7 @@ from cutfs.codec.shard_format import (
     RECORDINGS_FILE,
     RECORDINGS_TREE,
 )
+from cutfs.codec.storage.local_store import file_stamp
 
 #: File system types whose page faults may wait on a network (prefixes of
 #: /proc/self/mountinfo's type field: "fuse.sshfs", "nfs4", ...).

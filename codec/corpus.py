@@ -18,7 +18,6 @@ import numpy as np
 from cutfs.codec.cut import Cut, seconds_to_frames
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.library import Library
-from cutfs.codec.object_store import is_remote
 from cutfs.codec.pack_plan import refuse_uncommitted
 from cutfs.codec.path_escape import escape_id
 from cutfs.codec.pcm import Int16Array
@@ -27,6 +26,7 @@ from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
 from cutfs.codec.source_policy import SourcePolicy
+from cutfs.codec.storage.object_store import is_remote
 
 
 class Corpus:

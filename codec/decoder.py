@@ -7,7 +7,7 @@ timestamp, and keeps only the wanted range.  The result equals the same range
 of a full sequential decode (bit-identical for PCM and FLAC; lossy codecs are
 checked against a sequential decode at pack time).
 
-The blob is a :class:`cutfs.codec.blob.Blob`, typically a range of a
+The blob is a :class:`cutfs.codec.storage.blob.Blob`, typically a range of a
 memory-mapped shard or of an object behind the piece cache; only the bytes the
 demuxer asks for are read, by bounded ranges.
 """
@@ -28,7 +28,6 @@ import av
 import numpy as np
 import soundfile
 
-from cutfs.codec.blob import Blob
 from cutfs.codec.errors import CorruptDataError, CutfsError
 from cutfs.codec.flac_decoder import FrameBounds, thread_decoder
 from cutfs.codec.flac_frame import MAX_HEADER_BYTES, frame_first_sample
@@ -36,6 +35,7 @@ from cutfs.codec.float_staging import FLOAT_FORMATS, FloatStaging
 from cutfs.codec.pcm import Int16Array, float_to_s16, int_to_s16, packed_to_s16, sample_bytes
 from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording, pts_to_frames
 from cutfs.codec.seek_index import SeekPoint
+from cutfs.codec.storage.blob import Blob
 
 _SIGNED_BITS = {"s16": 16, "s16p": 16, "s32": 32, "s32p": 32}
 #: The demuxers cutfs lets FFmpeg use (short names; FFmpeg matches any alias).  Media

@@ -26,7 +26,6 @@ from multiprocessing import get_context
 from typing import Any, Final, Protocol
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.object_store import is_remote
 from cutfs.codec.pack_commit import missing_partitions_message
 from cutfs.codec.pack_output import PackOutput
 from cutfs.codec.pack_plan import PackPlan
@@ -38,6 +37,7 @@ from cutfs.codec.partition_packer import (
     pack_partition,
     run_partition_task,
 )
+from cutfs.codec.storage.object_store import is_remote
 
 #: Seconds between two looks at a cluster's jobs.
 POLL_SECONDS: Final = 1.0

@@ -41,7 +41,6 @@ from cutfs.codec.command_runner import CommandLimits, run_command
 from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.mapped_table import release_mapped_pages
-from cutfs.codec.object_store import ObjectStore, split_object_url
 from cutfs.codec.pack_output import PackOutput
 from cutfs.codec.pack_plan import PackPlan, partition_inputs, read_plan
 from cutfs.codec.pack_progress import PackProgress, ProgressCallback
@@ -51,6 +50,7 @@ from cutfs.codec.shard_format import CUTS_SCHEMA, shard_file_name, write_table
 from cutfs.codec.shard_writer import ShardWriter
 from cutfs.codec.sources import SourceRecording
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
+from cutfs.codec.storage.object_store import ObjectStore, split_object_url
 
 #: The largest object a recording in object storage may be (a sanity bound against a
 #: manifest naming some huge object; 36 hours of 48 kHz stereo FLAC is about 15 GB).

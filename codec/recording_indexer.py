@@ -25,7 +25,6 @@ from typing import Any, Final
 import av
 import numpy as np
 
-from cutfs.codec.blob import Blob
 from cutfs.codec.decoder import (
     SpliceReader,
     decode_frames,
@@ -39,6 +38,7 @@ from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording
 from cutfs.codec.riff import parse_riff_wave
 from cutfs.codec.seek_index import SeekIndex
+from cutfs.codec.storage.blob import Blob
 
 #: Container formats cutfs decodes by splicing, and how it knows where a
 #: decoded frame belongs (codecs in _COUNTED_CODECS excepted).

@@ -8,7 +8,7 @@ manifest and the tables' ETags, so a second mount of the same shards
 downloads nothing, and changed tables get a fresh copy.  Each shard is pinned
 (one HEAD, at most ``parallel_heads`` at a time): its size must be the one the
 manifest records, and every later GET is conditional on its ETag.  Audio is
-read through a :class:`cutfs.codec.caching_store.CachingStore` in
+read through a :class:`cutfs.codec.storage.caching_store.CachingStore` in
 ``<cache>/pieces``: per cold cut, the pieces of its span (and the first time, its
 recording's header), in one GET.
 
@@ -26,19 +26,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
 
-from cutfs.codec.caching_store import DEFAULT_DISK_BYTES, DEFAULT_MEMORY_BYTES, CachingStore
 from cutfs.codec.catalogue_copy import CATALOGUE_FILES, cached_catalogue
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.library import Library
-from cutfs.codec.object_store import (
+from cutfs.codec.shard_format import MANIFEST_FILE, is_plain_file_name
+from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.source_policy import SourcePolicy
+from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES, DEFAULT_MEMORY_BYTES, CachingStore
+from cutfs.codec.storage.object_store import (
     ObjectLocation,
     ObjectStore,
     ObjectStoreError,
     PinnedObject,
 )
-from cutfs.codec.shard_format import MANIFEST_FILE, is_plain_file_name
-from cutfs.codec.shard_set import ShardSet
-from cutfs.codec.source_policy import SourcePolicy
 
 #: A manifest larger than this is not a cutfs manifest (it lists shards, not cuts).
 MAX_MANIFEST_BYTES: Final = 64 << 20

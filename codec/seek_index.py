@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cutfs.codec.errors import ShardFormatError
-from cutfs.codec.memory_advice import address_of, will_need
+from cutfs.codec.storage.memory_advice import address_of, will_need
 
 Int64Array = npt.NDArray[np.int64]
 

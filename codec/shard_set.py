@@ -15,8 +15,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from cutfs.codec.blob import Blob
-from cutfs.codec.byte_store import ByteStore
 from cutfs.codec.catalogue_copy import catalogue_directory
 from cutfs.codec.cut import Cut
 from cutfs.codec.cut_table import CutTable
@@ -25,7 +23,6 @@ from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import TREE_FILES, FileTree, served_paths, write_file_tree
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
 from cutfs.codec.library import AudioShape, LibrarySpec, LocalLibrary
-from cutfs.codec.local_store import LocalStore, file_stamp
 from cutfs.codec.mapped_table import int_view, read_mapped
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.recording import Recording
@@ -41,6 +38,9 @@ from cutfs.codec.shard_format import (
     RECORDINGS_TREE,
     is_plain_file_name,
 )
+from cutfs.codec.storage.blob import Blob
+from cutfs.codec.storage.byte_store import ByteStore
+from cutfs.codec.storage.local_store import LocalStore, file_stamp
 
 
 class ShardSet:

@@ -15,8 +15,8 @@ import os
 
 from cutfs.codec.catalogue_copy import CATALOGUE_FILES
 from cutfs.codec.errors import SourceError
-from cutfs.codec.object_store import ObjectLocation, ObjectStore, ObjectStoreError
 from cutfs.codec.shard_format import MANIFEST_FILE
+from cutfs.codec.storage.object_store import ObjectLocation, ObjectStore, ObjectStoreError
 
 
 def upload_shards(directory: str, uri: str) -> None:

@@ -46,8 +46,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from cachetools import LRUCache
 
-from cutfs.codec.blob import Blob
-from cutfs.codec.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.command_runner import run_command
 from cutfs.codec.cut import Cut, seconds_to_frames
 from cutfs.codec.cut_table import CutTable, mentions_of
@@ -62,15 +60,12 @@ from cutfs.codec.limits import (
     MAX_RECORDING_SECONDS,
     MAX_SAMPLE_RATE_HZ,
 )
-from cutfs.codec.local_store import LocalStore, file_version
 from cutfs.codec.mapped_table import float_view, read_mapped
-from cutfs.codec.object_store import DEFAULT_STORE_DEADLINE_SECONDS, is_remote
 from cutfs.codec.pcm import Int16Array
 from cutfs.codec.private_directory import private_directory
 from cutfs.codec.recording import Recording
 from cutfs.codec.recording_indexer import index_recording
 from cutfs.codec.recording_table import recording_from_row, recording_row
-from cutfs.codec.routing_store import RoutingStore
 from cutfs.codec.shard_format import (
     CUTS_TREE,
     RECORDINGS_SCHEMA,
@@ -83,6 +78,11 @@ from cutfs.codec.source_policy import SourcePolicy, check_may_run_commands_here
 from cutfs.codec.sources import Refusals, SourceCatalogue, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 from cutfs.codec.sources.audio_dir import AUDIO_EXTENSIONS
+from cutfs.codec.storage.blob import Blob
+from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
+from cutfs.codec.storage.local_store import LocalStore, file_version
+from cutfs.codec.storage.object_store import DEFAULT_STORE_DEADLINE_SECONDS, is_remote
+from cutfs.codec.storage.routing_store import RoutingStore
 
 INDEX_FILE: Final = "source-index.json"
 INDEX_FORMAT: Final = "cutfs-source-index"

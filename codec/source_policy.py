@@ -33,7 +33,7 @@ from typing import Final
 
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import SourceError
-from cutfs.codec.object_store import split_object_url
+from cutfs.codec.storage.object_store import split_object_url
 
 #: Default of ``--index-cache-size``.
 DEFAULT_CACHE_QUOTA_BYTES: Final = 8 << 30

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from conftest import data_bytes
 
-from cutfs.codec.cache_usage import FILE_NAME as CACHE_USAGE_FILE
-from cutfs.codec.caching_store import CachingStore
 from cutfs.codec.errors import ShardFormatError, SourceError
-from cutfs.codec.local_store import LocalStore
 from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.storage.cache_usage import FILE_NAME as CACHE_USAGE_FILE
+from cutfs.codec.storage.caching_store import CachingStore
+from cutfs.codec.storage.local_store import LocalStore
 
 PIECE = 4096
 
@@ -138,8 +138,8 @@ def test_the_disk_stays_within_its_bound_and_keeps_the_recent_pieces(
 
 _WRITE_WHEN_TOLD = """
 import json, sys
-from cutfs.codec.caching_store import CachingStore
-from cutfs.codec.local_store import LocalStore
+from cutfs.codec.storage.caching_store import CachingStore
+from cutfs.codec.storage.local_store import LocalStore
 
 directory, cache, name, pieces = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 piece, bound = int(sys.argv[5]), int(sys.argv[6])
@@ -293,8 +293,8 @@ def test_frames_asked_ahead_are_fetched_in_the_background(shard_dir: str, tmp_pa
 
 _READ_EVERYTHING = """
 import sys
-from cutfs.codec.caching_store import CachingStore
-from cutfs.codec.local_store import LocalStore
+from cutfs.codec.storage.caching_store import CachingStore
+from cutfs.codec.storage.local_store import LocalStore
 
 directory, cache, piece = sys.argv[1], sys.argv[2], int(sys.argv[3])
 store = CachingStore(LocalStore(directory), cache, "test://objects", piece_bytes=piece)

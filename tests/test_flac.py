@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 
 from cutfs.codec import decoder
 from cutfs.codec import flac_decoder as flac_decoder_module
-from cutfs.codec.blob import Blob
 from cutfs.codec.decoder import DecodeTrace, decode_frames
 from cutfs.codec.errors import CorruptDataError
 from cutfs.codec.flac_frame import frame_first_sample
 from cutfs.codec.recording import DecodeMethod
 from cutfs.codec.seek_index import SeekIndex
 from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.storage.blob import Blob
 
 FLAC_NAMES = ["flac_mono_16k.flac", "flac_s24_stereo_48k.flac", "flac_6ch_16k.flac"]
 

@@ -13,13 +13,13 @@ from corpus import synthesize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cutfs.codec.blob import Blob
 from cutfs.codec.decoder import decode_frames
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.recording import Recording
 from cutfs.codec.recording_indexer import index_recording
 from cutfs.codec.seek_index import SeekIndex
 from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.storage.blob import Blob
 from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.decode_pool import DecodePool
 from cutfs.vfs.filesystem import Filesystem

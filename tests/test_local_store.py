@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cutfs.codec.errors import ShardFormatError
-from cutfs.codec.local_store import LocalStore
+from cutfs.codec.storage.local_store import LocalStore
 
 
 def _write(path: Path, byte: bytes) -> None:

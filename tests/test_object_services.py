@@ -32,8 +32,8 @@ from conftest import (
     needs_fuse,
 )
 
-from cutfs.codec.object_store import ObjectChangedError, ObjectLocation, ObjectStore
 from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.storage.object_store import ObjectChangedError, ObjectLocation, ObjectStore
 
 BUCKET = "corpus"
 Server = GcsServer | AzuriteServer

@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from cutfs.codec.caching_store import CachingStore
 from cutfs.codec.errors import SourceError
-from cutfs.codec.object_store import (
+from cutfs.codec.storage.caching_store import CachingStore
+from cutfs.codec.storage.object_store import (
     ObjectChangedError,
     ObjectLocation,
     ObjectStore,

@@ -19,12 +19,12 @@ from cutfs.codec.cut import seconds_to_frames
 from cutfs.codec.errors import CorruptDataError, ShardFormatError
 from cutfs.codec.file_tree import served_paths
 from cutfs.codec.float_staging import FloatStaging
-from cutfs.codec.memory_advice import address_of
 from cutfs.codec.path_escape import escape_id, unescape_path
 from cutfs.codec.pcm import float_to_s16, packed_to_s16
 from cutfs.codec.resampler import Resampler
 from cutfs.codec.riff import parse_riff_wave
 from cutfs.codec.seek_index import SeekIndex
+from cutfs.codec.storage.memory_advice import address_of
 from cutfs.codec.wav_layout import HEADER_BYTES, WavLayout
 from cutfs.vfs.block_cache import BLOCK_OVERHEAD_BYTES, BlockCache
 

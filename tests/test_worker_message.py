@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from cutfs.codec.decoder import DecodeTrace
 from cutfs.codec.errors import CorruptDataError, CutfsError, ManifestMismatchError
-from cutfs.codec.object_store import ObjectChangedError
 from cutfs.codec.recording import Recording
 from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.storage.object_store import ObjectChangedError
 from cutfs.vfs.decode_pool import DecodeDeadlineError
 from cutfs.vfs.worker_message import (
     BadMessageError,

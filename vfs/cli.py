@@ -20,11 +20,9 @@ from typing import IO, Any, ClassVar, NoReturn
 from tqdm import tqdm
 
 from cutfs import __version__
-from cutfs.codec.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.clean_start import absolute, clean_environment, python_command, restart_clean
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError
-from cutfs.codec.object_store import is_remote
 from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.pack_commit import PackReport, commit_pack
 from cutfs.codec.pack_engines import (
@@ -43,6 +41,8 @@ from cutfs.codec.partition_packer import pack_partition
 from cutfs.codec.shard_upgrade import upgrade_shards
 from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
+from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
+from cutfs.codec.storage.object_store import is_remote
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
 from cutfs.vfs.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
 from cutfs.vfs.manpage import render_manpage

@@ -19,7 +19,6 @@ from typing import Any
 from cutfs.codec.clean_start import absolute
 from cutfs.codec.errors import SourceError
 from cutfs.codec.limits import MAX_CHANNELS, check_seconds, check_shape
-from cutfs.codec.object_store import is_remote, split_object_url
 from cutfs.codec.sources.catalogue import (
     CutColumns,
     DeclaredAudio,
@@ -29,6 +28,7 @@ from cutfs.codec.sources.catalogue import (
     SourceRecording,
 )
 from cutfs.codec.sources.json_lines import json_lines
+from cutfs.codec.storage.object_store import is_remote, split_object_url
 
 _SUPERVISION_FIELDS = ("speaker", "text", "language", "gender")
 

@@ -6,7 +6,7 @@ caches of one process (one per bucket) write into one cache directory under one 
 writers could fill it to nearly N times the bound between their sweeps.  They now count
 in one 8-byte file of the directory, read and changed under ``flock``: a writer reserves
 the bytes it is about to write, and the reservation fails when it would pass the bound
-(the writer then sweeps, see :meth:`cutfs.codec.caching_store.CachingStore.sweep`).
+(the writer then sweeps, see :meth:`cutfs.codec.storage.caching_store.CachingStore.sweep`).
 
 The count errs high rather than low: a piece written again over itself is counted again,
 and a write that failed after its reservation gives the bytes back.  Each sweep makes the

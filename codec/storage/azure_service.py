@@ -1,5 +1,5 @@
 """Azure Blob Storage (``az://container/prefix``) for an
-:class:`cutfs.codec.object_store.ObjectStore`.
+:class:`cutfs.codec.storage.object_store.ObjectStore`.
 
 Reads are GETs with ``Range`` and ``If-Match`` on the pinned ETag, sent by the store
 with urllib3: to a read-only SAS URL of the blob made with the account key, to the URL
@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.object_store import (
+from cutfs.codec.storage.object_store import (
     RETRYABLE_CODES,
     ObjectChangedError,
     ObjectLocation,

@@ -1,11 +1,11 @@
 """The seam between cutfs and where stored bytes live: named objects read by bounded range.
 
 Everything that decodes reads through a :class:`ByteStore`: shard files on a
-local or network file system (:class:`cutfs.codec.local_store.LocalStore`),
-objects in S3-compatible storage (:class:`cutfs.codec.object_store.ObjectStore`),
+local or network file system (:class:`cutfs.codec.storage.local_store.LocalStore`),
+objects in S3-compatible storage (:class:`cutfs.codec.storage.object_store.ObjectStore`),
 and a piece cache in front of either
-(:class:`cutfs.codec.caching_store.CachingStore`).  A recording's bytes are a
-:class:`cutfs.codec.blob.Blob`: a range of one object.
+(:class:`cutfs.codec.storage.caching_store.CachingStore`).  A recording's bytes are a
+:class:`cutfs.codec.storage.blob.Blob`: a range of one object.
 
 Contracts every store keeps:
 

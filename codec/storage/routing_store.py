@@ -1,9 +1,9 @@
-"""One :class:`cutfs.codec.byte_store.ByteStore` over local files and objects named by URL.
+"""One :class:`cutfs.codec.storage.byte_store.ByteStore` over local files and objects named by URL.
 
 Sources served in place name their audio by path, and Lhotse ``url`` sources by the URL
 of an object (``s3://bucket/key``, ``gs://...``, ``az://...``).  A name that is such a
 URL is read from its location through a piece cache (one
-:class:`cutfs.codec.caching_store.CachingStore` per bucket, created on first use, in a
+:class:`cutfs.codec.storage.caching_store.CachingStore` per bucket, created on first use, in a
 directory of the index cache); any other name goes to the local store.  Objects are
 pinned as every object store pins them: a read of an object that changed since its
 first use fails instead of serving other bytes.
@@ -15,9 +15,9 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 
-from cutfs.codec.byte_store import ByteStore
-from cutfs.codec.caching_store import DEFAULT_DISK_BYTES, CachingStore
-from cutfs.codec.object_store import (
+from cutfs.codec.storage.byte_store import ByteStore
+from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES, CachingStore
+from cutfs.codec.storage.object_store import (
     DEFAULT_STORE_DEADLINE_SECONDS,
     ObjectLocation,
     ObjectStore,

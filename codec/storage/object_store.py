@@ -2,13 +2,13 @@
 pinned: S3 and S3-compatible stores (``s3://``), Google Cloud Storage (``gs://``) and Azure
 Blob Storage (``az://``).
 
-A :class:`cutfs.codec.byte_store.ByteStore`; mounts put a
-:class:`cutfs.codec.caching_store.CachingStore` in front of it.  Design notes and
+A :class:`cutfs.codec.storage.byte_store.ByteStore`; mounts put a
+:class:`cutfs.codec.storage.caching_store.CachingStore` in front of it.  Design notes and
 measurements: docs/object-storage-notes.md.  In short: ``pyarrow.fs`` cannot make
 a read conditional, so reads are plain HTTP GETs sent with urllib3, and what differs
 between services (signing, the version a read is conditional on, uploads, listings) is an
-:class:`ObjectService` (:mod:`cutfs.codec.s3_service`, :mod:`cutfs.codec.gcs_service`,
-:mod:`cutfs.codec.azure_service`).
+:class:`ObjectService` (:mod:`cutfs.codec.storage.s3_service`,
+:mod:`cutfs.codec.storage.gcs_service`, :mod:`cutfs.codec.storage.azure_service`).
 
 * An object is *pinned* once (its size and version: an S3 ETag, a GCS generation); every
   later read is a ranged GET conditional on that version, so an object replaced under a
@@ -296,14 +296,14 @@ def open_service(
 ) -> ObjectService:
     """The :class:`ObjectService` of ``location``'s scheme."""
     if location.scheme == "gs":
-        from cutfs.codec.gcs_service import GcsService  # noqa: PLC0415 - only when used
+        from cutfs.codec.storage.gcs_service import GcsService  # noqa: PLC0415 - only when used
 
         return GcsService(location, deadline_seconds, connections)
     if location.scheme == "az":
-        from cutfs.codec.azure_service import AzureService  # noqa: PLC0415 - only when used
+        from cutfs.codec.storage.azure_service import AzureService  # noqa: PLC0415 - only when used
 
         return AzureService(location, deadline_seconds, connections)
-    from cutfs.codec.s3_service import S3Service  # noqa: PLC0415 - botocore takes 0.2 s
+    from cutfs.codec.storage.s3_service import S3Service  # noqa: PLC0415 - botocore takes 0.2 s
 
     return S3Service(location, deadline_seconds, connections)
 

@@ -1,5 +1,5 @@
-"""Shard files of a local or network file system as a :class:`cutfs.codec.byte_store.ByteStore`:
-memory maps, read by slicing (no copy)."""
+"""Shard files of a local or network file system as a
+:class:`cutfs.codec.storage.byte_store.ByteStore`: memory maps, read by slicing (no copy)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Google Cloud Storage (``gs://bucket/prefix``) for an
-:class:`cutfs.codec.object_store.ObjectStore`, through its JSON API.
+:class:`cutfs.codec.storage.object_store.ObjectStore`, through its JSON API.
 
 An object is pinned at its *generation* (GCS's version number, which changes whenever
 the object is written).  Reads are media GETs with ``Range`` and ``ifGenerationMatch``;
@@ -26,7 +26,7 @@ from typing import Any, Final
 from urllib.parse import quote, urlencode
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.object_store import (
+from cutfs.codec.storage.object_store import (
     ObjectChangedError,
     ObjectLocation,
     ObjectStoreError,

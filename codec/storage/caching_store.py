@@ -27,7 +27,7 @@ write of a few bytes into a page that is not in memory reads the page first).
 Processes of one mount (the decoder workers) share the directory: what one
 fetched, the others read.  The disk use is bounded: every process counts what it
 writes, before writing it, in one count of the directory
-(:mod:`cutfs.codec.cache_usage`), and one whose pieces would pass ``disk_bytes`` first
+(:mod:`cutfs.codec.storage.cache_usage`), and one whose pieces would pass ``disk_bytes`` first
 sweeps (under a lock file) the least recently used pieces of every object until 80% of
 the bound, punching holes in the data files.  Memory is bounded by ``memory_bytes`` (an
 LRU of pieces per process), and the maps of the objects a process has open by
@@ -56,11 +56,11 @@ from typing import Final
 import numpy as np
 from cachetools import LRUCache
 
-from cutfs.codec.byte_store import ByteStore
-from cutfs.codec.cache_usage import CacheUsage
 from cutfs.codec.errors import CutfsError, ShardFormatError
-from cutfs.codec.object_store import ObjectStoreError
 from cutfs.codec.private_directory import private_directory
+from cutfs.codec.storage.byte_store import ByteStore
+from cutfs.codec.storage.cache_usage import CacheUsage
+from cutfs.codec.storage.object_store import ObjectStoreError
 
 PIECE_BYTES: Final = 16 << 10
 DEFAULT_DISK_BYTES: Final = 20 << 30
@@ -479,7 +479,7 @@ class CachingStore:
         The bytes are counted (:class:`CacheUsage`) before they are written, and room is
         made first where they would pass ``disk_bytes``, so that the directory holds no
         more whatever the number of processes writing into it and wherever one is killed
-        (but for writes under way while a sweep counts, see :mod:`cutfs.codec.cache_usage`);
+        (but for writes under way while a sweep counts, see :mod:`cutfs.codec.storage.cache_usage`);
         as many leading pieces as there is room for are written."""
         if self._disk_bytes == 0:
             return

@@ -1,5 +1,5 @@
 """S3 and S3-compatible stores (AWS, MinIO, Ceph RGW, Backblaze B2, ...) for an
-:class:`cutfs.codec.object_store.ObjectStore`.
+:class:`cutfs.codec.storage.object_store.ObjectStore`.
 
 Reads are GETs to presigned URLs with ``Range`` and ``If-Match`` on the pinned ETag (a
 third of botocore's client CPU per request, measured: 0.5 ms against 1.6 ms; Range and
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
-from cutfs.codec.object_store import (
+from cutfs.codec.storage.object_store import (
     ObjectChangedError,
     ObjectLocation,
     ObjectStoreError,

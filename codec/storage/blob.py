@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cutfs.codec.byte_store import ByteStore
+from cutfs.codec.storage.byte_store import ByteStore
 
 
 class Blob:
