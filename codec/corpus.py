@@ -15,12 +15,12 @@ from types import TracebackType
 
 import numpy as np
 
-from cutfs.codec.cut import Cut, seconds_to_frames
+from cutfs.codec.audio.cut import Cut, seconds_to_frames
+from cutfs.codec.audio.pcm import Int16Array
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.pack_plan import refuse_uncommitted
 from cutfs.codec.path_escape import escape_id
-from cutfs.codec.pcm import Int16Array
 from cutfs.codec.remote_shards import open_remote_shards
 from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.shard_set import ShardSet

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cutfs.codec.cut import Cut
-from cutfs.codec.decoder import DecodeTrace
+from cutfs.codec.audio.cut import Cut
+from cutfs.codec.audio.decoder import DecodeTrace
+from cutfs.codec.audio.pcm import Int16Array
+from cutfs.codec.audio.recording import Recording
 from cutfs.codec.file_tree import FileTree
 from cutfs.codec.kaldi_order import KaldiOrder
-from cutfs.codec.pcm import Int16Array
-from cutfs.codec.recording import Recording
 from cutfs.codec.source_policy import SourcePolicy
 
 

@@ -1,7 +1,7 @@
 """The recordings table of a shard directory, read in place.
 
 One row per recording: where its bytes are (shard, absolute offset, length)
-and its decoding plan (:class:`cutfs.codec.recording.Recording`), seek index
+and its decoding plan (:class:`cutfs.codec.audio.recording.Recording`), seek index
 included.  Opening maps the table and reads no row.  A recording's plan,
 whose seek index may hold tens of thousands of points, is built and checked
 the first time it is needed and kept in a bounded cache, so a mount of 100 000 hours holds only
@@ -19,13 +19,13 @@ import numpy.typing as npt
 import pyarrow as pa
 from cachetools import LRUCache
 
+from cutfs.codec.audio.pcm import sample_bytes
+from cutfs.codec.audio.recording import DecodeMethod, FrameTiming, Recording
+from cutfs.codec.audio.seek_index import SeekIndex
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.library import AudioShape
 from cutfs.codec.limits import MAX_CHANNELS, MAX_FRAMES, MAX_SAMPLE_RATE_HZ, check_shape
 from cutfs.codec.mapped_table import ListColumn, StringColumn, int_view
-from cutfs.codec.pcm import sample_bytes
-from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording
-from cutfs.codec.seek_index import SeekIndex
 
 #: Plans kept built; each holds its seek index as views of the mapped table.
 PLANS_KEPT: Final = 4096

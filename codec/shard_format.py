@@ -14,7 +14,7 @@ A shard directory holds:
 ``recordings.arrow``
     One row per recording: its shard, the absolute byte offset
     (``blob_offset``) and length of its bytes there, and its decoding plan
-    (:class:`cutfs.codec.recording.Recording`), seek index included.
+    (:class:`cutfs.codec.audio.recording.Recording`), seek index included.
 ``cuts.arrow``
     One row per cut: its id, recording, frame range, channels and metadata.
 ``cuts.{entries,directories,paths}.arrow``, ``recordings.{...}.arrow``

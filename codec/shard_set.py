@@ -15,17 +15,17 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from cutfs.codec.audio.cut import Cut
+from cutfs.codec.audio.decoder import DecodeTrace, decode_frames, decode_spans
+from cutfs.codec.audio.pcm import Int16Array
+from cutfs.codec.audio.recording import Recording
 from cutfs.codec.catalogue_copy import catalogue_directory
-from cutfs.codec.cut import Cut
 from cutfs.codec.cut_table import CutTable
-from cutfs.codec.decoder import DecodeTrace, decode_frames, decode_spans
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import TREE_FILES, FileTree, served_paths, write_file_tree
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
 from cutfs.codec.library import AudioShape, LibrarySpec, LocalLibrary
 from cutfs.codec.mapped_table import int_view, read_mapped
-from cutfs.codec.pcm import Int16Array
-from cutfs.codec.recording import Recording
 from cutfs.codec.recording_table import RecordingTable
 from cutfs.codec.shard_format import (
     CUTS_FILE,

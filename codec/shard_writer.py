@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from cutfs.codec.audio.recording import Recording
 from cutfs.codec.cut_table import mentions_of
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.file_tree import served_paths, write_file_tree
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, write_kaldi_order
 from cutfs.codec.mapped_table import release_mapped_pages
-from cutfs.codec.recording import Recording
 from cutfs.codec.recording_table import recording_row
 from cutfs.codec.shard_format import (
     CUTS_FILE,

@@ -46,10 +46,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from cachetools import LRUCache
 
+from cutfs.codec.audio.cut import Cut, seconds_to_frames
+from cutfs.codec.audio.decoder import DecodeTrace, decode_frames, decode_spans
+from cutfs.codec.audio.pcm import Int16Array
+from cutfs.codec.audio.recording import Recording
+from cutfs.codec.audio.recording_indexer import index_recording
 from cutfs.codec.command_runner import run_command
-from cutfs.codec.cut import Cut, seconds_to_frames
 from cutfs.codec.cut_table import CutTable, mentions_of
-from cutfs.codec.decoder import DecodeTrace, decode_frames, decode_spans
 from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
 from cutfs.codec.file_tree import FileTree, served_paths, write_file_tree
 from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
@@ -61,10 +64,7 @@ from cutfs.codec.limits import (
     MAX_SAMPLE_RATE_HZ,
 )
 from cutfs.codec.mapped_table import float_view, read_mapped
-from cutfs.codec.pcm import Int16Array
 from cutfs.codec.private_directory import private_directory
-from cutfs.codec.recording import Recording
-from cutfs.codec.recording_indexer import index_recording
 from cutfs.codec.recording_table import recording_from_row, recording_row
 from cutfs.codec.shard_format import (
     CUTS_TREE,

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.audio.cut import seconds_to_frames
 from cutfs.codec.path_escape import escape_id
 
 REPOSITORY = Path(__file__).resolve().parent.parent

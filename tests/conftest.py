@@ -27,7 +27,7 @@ import pyarrow as pa
 import pytest
 from corpus import ENCODINGS, ffmpeg_decode, make_corpus, wav_header
 
-from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.audio.cut import seconds_to_frames
 from cutfs.codec.packer import pack
 from cutfs.codec.path_escape import escape_id
 from cutfs.codec.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDINGS_FILE

@@ -13,7 +13,7 @@ import pytest
 from conftest import Reference, S3Server, cut_plan, expected_cut, needs_fuse
 
 import cutfs
-from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.audio.cut import seconds_to_frames
 from cutfs.vfs.mounted import MountFailedError
 
 REPOSITORY = Path(__file__).resolve().parent.parent

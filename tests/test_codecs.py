@@ -8,8 +8,8 @@ import pytest
 from conftest import Reference, recording_id
 from corpus import ENCODINGS
 
-from cutfs.codec.decoder import DecodeTrace
-from cutfs.codec.recording import DecodeMethod
+from cutfs.codec.audio.decoder import DecodeTrace
+from cutfs.codec.audio.recording import DecodeMethod
 from cutfs.codec.shard_set import ShardSet
 
 NAMES = [encoding.name for encoding in ENCODINGS]

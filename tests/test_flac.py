@@ -20,13 +20,13 @@ from conftest import Reference, recording_id
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cutfs.codec import decoder
-from cutfs.codec import flac_decoder as flac_decoder_module
-from cutfs.codec.decoder import DecodeTrace, decode_frames
+from cutfs.codec.audio import decoder
+from cutfs.codec.audio import flac_decoder as flac_decoder_module
+from cutfs.codec.audio.decoder import DecodeTrace, decode_frames
+from cutfs.codec.audio.flac_frame import frame_first_sample
+from cutfs.codec.audio.recording import DecodeMethod
+from cutfs.codec.audio.seek_index import SeekIndex
 from cutfs.codec.errors import CorruptDataError
-from cutfs.codec.flac_frame import frame_first_sample
-from cutfs.codec.recording import DecodeMethod
-from cutfs.codec.seek_index import SeekIndex
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.storage.blob import Blob
 

@@ -13,11 +13,11 @@ from corpus import synthesize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cutfs.codec.decoder import decode_frames
+from cutfs.codec.audio.decoder import decode_frames
+from cutfs.codec.audio.recording import Recording
+from cutfs.codec.audio.recording_indexer import index_recording
+from cutfs.codec.audio.seek_index import SeekIndex
 from cutfs.codec.errors import CutfsError
-from cutfs.codec.recording import Recording
-from cutfs.codec.recording_indexer import index_recording
-from cutfs.codec.seek_index import SeekIndex
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.storage.blob import Blob
 from cutfs.vfs.block_cache import BlockCache

@@ -16,7 +16,7 @@ import pytest
 from conftest import mounted, needs_fuse, resident_pages
 from corpus import synthesize
 
-from cutfs.codec.decoder import DecodeTrace
+from cutfs.codec.audio.decoder import DecodeTrace
 from cutfs.codec.packer import pack
 from cutfs.codec.shard_format import RECORDINGS_FILE
 from cutfs.codec.shard_set import ShardSet

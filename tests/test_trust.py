@@ -43,7 +43,7 @@ from trust_helpers import (
     public_directory,
 )
 
-from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.audio.cut import seconds_to_frames
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, prepare_index

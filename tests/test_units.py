@@ -15,17 +15,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.audio.cut import seconds_to_frames
+from cutfs.codec.audio.float_staging import FloatStaging
+from cutfs.codec.audio.pcm import float_to_s16, packed_to_s16
+from cutfs.codec.audio.resampler import Resampler
+from cutfs.codec.audio.riff import parse_riff_wave
+from cutfs.codec.audio.seek_index import SeekIndex
+from cutfs.codec.audio.wav_layout import HEADER_BYTES, WavLayout
 from cutfs.codec.errors import CorruptDataError, ShardFormatError
 from cutfs.codec.file_tree import served_paths
-from cutfs.codec.float_staging import FloatStaging
 from cutfs.codec.path_escape import escape_id, unescape_path
-from cutfs.codec.pcm import float_to_s16, packed_to_s16
-from cutfs.codec.resampler import Resampler
-from cutfs.codec.riff import parse_riff_wave
-from cutfs.codec.seek_index import SeekIndex
 from cutfs.codec.storage.memory_advice import address_of
-from cutfs.codec.wav_layout import HEADER_BYTES, WavLayout
 from cutfs.vfs.block_cache import BLOCK_OVERHEAD_BYTES, BlockCache
 
 

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutfs.codec.decoder import DecodeTrace
+from cutfs.codec.audio.decoder import DecodeTrace
+from cutfs.codec.audio.recording import Recording
 from cutfs.codec.errors import CorruptDataError, CutfsError, ManifestMismatchError
-from cutfs.codec.recording import Recording
 from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.storage.object_store import ObjectChangedError
 from cutfs.vfs.decode_pool import DecodeDeadlineError

@@ -18,7 +18,7 @@ from typing import Final
 
 from cachetools import Cache, LRUCache
 
-from cutfs.codec.pcm import Int16Array
+from cutfs.codec.audio.pcm import Int16Array
 
 BlockKey = tuple[int, int]  # (recording index, first frame)
 #: A cached run of frames: (its first frame in the recording, the frames).

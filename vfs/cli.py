@@ -20,10 +20,10 @@ from typing import IO, Any, ClassVar, NoReturn
 from tqdm import tqdm
 
 from cutfs import __version__
+from cutfs.codec.audio.output_format import OutputFormat
 from cutfs.codec.clean_start import absolute, clean_environment, python_command, restart_clean
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError
-from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.pack_commit import PackReport, commit_pack
 from cutfs.codec.pack_engines import (
     LocalEngine,

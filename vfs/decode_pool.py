@@ -41,12 +41,12 @@ from typing import Final
 import numpy as np
 import trio
 
+from cutfs.codec.audio.decoder import DecodeTrace
+from cutfs.codec.audio.pcm import Int16Array
+from cutfs.codec.audio.recording import Recording
 from cutfs.codec.command_runner import announce_groups_to
-from cutfs.codec.decoder import DecodeTrace
 from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.library import Library, LibrarySpec
-from cutfs.codec.pcm import Int16Array
-from cutfs.codec.recording import Recording
 from cutfs.codec.source_policy import SourcePolicy
 from cutfs.vfs.request_slot import RequestSlot
 from cutfs.vfs.serving_user import ServingUser, as_root, kill_command_group

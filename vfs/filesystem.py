@@ -47,9 +47,9 @@ import numpy as np
 import trio
 from cachetools import LRUCache
 
+from cutfs.codec.audio.output_format import OutputFormat
+from cutfs.codec.audio.wav_layout import HEADER_BYTES, WavLayout
 from cutfs.codec.library import AudioShape, Library
-from cutfs.codec.output_format import OutputFormat
-from cutfs.codec.wav_layout import HEADER_BYTES, WavLayout
 from cutfs.vfs.control_view import CONTROL_DIR, METRICS_FILE, STATS_FILE, ControlView
 from cutfs.vfs.cuts_view import CUTS_DIR, CutsView
 from cutfs.vfs.decode_pool import DecodeDeadlineError
@@ -100,7 +100,7 @@ class WavSource:
 
     ``start_frame`` is in the recording's frames; ``output_start`` is where the
     file starts in the recording as served (resampled or not), and ``layout``
-    describes the file as served (see :class:`cutfs.codec.output_format.OutputFormat`).
+    describes the file as served (see :class:`cutfs.codec.audio.output_format.OutputFormat`).
     """
 
     recording_index: int

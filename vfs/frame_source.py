@@ -15,9 +15,9 @@ import numpy as np
 import trio
 from cachetools import LRUCache
 
+from cutfs.codec.audio.pcm import Int16Array
 from cutfs.codec.errors import CutfsError, ManifestMismatchError
 from cutfs.codec.library import Library
-from cutfs.codec.pcm import Int16Array
 from cutfs.vfs.block_cache import BlockCache, FrameRange, Piece
 from cutfs.vfs.decode_pool import DecodeDeadlineError, DecodePool
 from cutfs.vfs.statistics import Statistics

@@ -32,10 +32,10 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
+from cutfs.codec.audio.wav_layout import WavLayout
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.kaldi_order import KaldiOrder, kaldi_key
 from cutfs.codec.library import Library
-from cutfs.codec.wav_layout import WavLayout
 
 log = logging.getLogger("cutfs.manifest_files")
 

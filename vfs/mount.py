@@ -24,11 +24,11 @@ from dataclasses import dataclass, field, replace
 import pyfuse3
 import trio
 
+from cutfs.codec.audio.output_format import OutputFormat
 from cutfs.codec.clean_start import is_clean
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
-from cutfs.codec.output_format import OutputFormat
 from cutfs.codec.pack_plan import refuse_uncommitted
 from cutfs.codec.remote_shards import open_remote_shards
 from cutfs.codec.shard_format import MANIFEST_FILE

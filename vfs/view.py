@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, Protocol
 
-from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.audio.cut import seconds_to_frames
 from cutfs.codec.library import AudioShape
 from cutfs.vfs.fs_error import FsError
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from cutfs.codec.cut import seconds_to_frames
+from cutfs.codec.audio.cut import seconds_to_frames
 from cutfs.codec.file_tree import FileTree
 from cutfs.codec.library import AudioShape, Library
 from cutfs.codec.mapped_table import RowSequence

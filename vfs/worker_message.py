@@ -33,13 +33,13 @@ from typing import Any, Final
 import numpy as np
 
 from cutfs.codec import errors
-from cutfs.codec.decoder import DECODE_PHASES, DecodeTrace
+from cutfs.codec.audio.decoder import DECODE_PHASES, DecodeTrace
+from cutfs.codec.audio.pcm import Int16Array
+from cutfs.codec.audio.recording import Recording
+from cutfs.codec.audio.seek_index import SeekIndex
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.limits import MAX_CHANNELS, MAX_FRAMES
-from cutfs.codec.pcm import Int16Array
-from cutfs.codec.recording import Recording
 from cutfs.codec.recording_table import recording_from_row, recording_row
-from cutfs.codec.seek_index import SeekIndex
 
 #: The longest message a reader accepts: the largest PCM reply that may go through the
 #: pipe instead of the shared buffer, or a plan's seek index (a week of audio with a point

@@ -23,7 +23,7 @@ class RiffWave:
 
     sample_rate: int
     channels: int
-    sample_format: str  # one of cutfs.codec.pcm.PCM_DTYPES
+    sample_format: str  # one of cutfs.codec.audio.pcm.PCM_DTYPES
     data_offset_bytes: int
     num_frames: int
 

@@ -36,7 +36,7 @@ from typing import Any, Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from cutfs.codec.pcm import Int16Array
+from cutfs.codec.audio.pcm import Int16Array
 
 
 class FlacStreamError(ValueError):
@@ -44,7 +44,7 @@ class FlacStreamError(ValueError):
 
 
 class ByteSource(Protocol):
-    """Where a decoder reads its stream: :class:`cutfs.codec.decoder.SpliceReader`."""
+    """Where a decoder reads its stream: :class:`cutfs.codec.audio.decoder.SpliceReader`."""
 
     def readinto(self, buffer: Any) -> int: ...
 

@@ -28,13 +28,13 @@ import av
 import numpy as np
 import soundfile
 
+from cutfs.codec.audio.flac_decoder import FrameBounds, thread_decoder
+from cutfs.codec.audio.flac_frame import MAX_HEADER_BYTES, frame_first_sample
+from cutfs.codec.audio.float_staging import FLOAT_FORMATS, FloatStaging
+from cutfs.codec.audio.pcm import Int16Array, float_to_s16, int_to_s16, packed_to_s16, sample_bytes
+from cutfs.codec.audio.recording import DecodeMethod, FrameTiming, Recording, pts_to_frames
+from cutfs.codec.audio.seek_index import SeekPoint
 from cutfs.codec.errors import CorruptDataError, CutfsError
-from cutfs.codec.flac_decoder import FrameBounds, thread_decoder
-from cutfs.codec.flac_frame import MAX_HEADER_BYTES, frame_first_sample
-from cutfs.codec.float_staging import FLOAT_FORMATS, FloatStaging
-from cutfs.codec.pcm import Int16Array, float_to_s16, int_to_s16, packed_to_s16, sample_bytes
-from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording, pts_to_frames
-from cutfs.codec.seek_index import SeekPoint
 from cutfs.codec.storage.blob import Blob
 
 _SIGNED_BITS = {"s16": 16, "s16p": 16, "s32": 32, "s32p": 32}
@@ -181,7 +181,7 @@ def _sndfile_frames(
     blob: Blob, recording: Recording, first: int, end: int, trace: DecodeTrace, arriving: bool
 ) -> Int16Array:
     """FLAC from the seek point at or before ``first``: by libFLAC itself where the
-    system has it (:mod:`cutfs.codec.flac_decoder`), else through libsndfile.
+    system has it (:mod:`cutfs.codec.audio.flac_decoder`), else through libsndfile.
 
     The decoder is given the stream's header and then the bytes from that point to the
     one after ``end`` (:func:`sndfile_span`), as if the file had been cut there, and

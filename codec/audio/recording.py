@@ -1,7 +1,7 @@
 """What cutfs knows about one stored recording, and how to decode it.
 
 A :class:`Recording` is computed once at pack time by
-:mod:`cutfs.codec.recording_indexer` and stored beside the encoded bytes.  It is
+:mod:`cutfs.codec.audio.recording_indexer` and stored beside the encoded bytes.  It is
 everything the decoder needs to produce any frame range of the full decode
 without touching the rest of the blob.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
 
-from cutfs.codec.seek_index import SeekIndex
+from cutfs.codec.audio.seek_index import SeekIndex
 
 
 class DecodeMethod(StrEnum):

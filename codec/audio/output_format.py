@@ -5,7 +5,7 @@ A mount may serve every file at one sample rate, downmixed to mono, or as
 contract stays exact:
 
 * Resampling: a file's frames are those of the whole recording resampled by
-  :class:`cutfs.codec.resampler.Resampler` (``ceil(n * rate / source_rate)``
+  :class:`cutfs.codec.audio.resampler.Resampler` (``ceil(n * rate / source_rate)``
   frames in all).  A file that starts at source frame ``s`` and is ``n``
   frames long starts at output frame ``round(s * rate / source_rate)`` and is
   ``round(n * rate / source_rate)`` frames long (halves rounded up, as
@@ -25,10 +25,10 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from cutfs.codec.audio.resampler import Resampler
+from cutfs.codec.audio.wav_layout import WavLayout
 from cutfs.codec.errors import UnsupportedAudioError
 from cutfs.codec.limits import MAX_SAMPLE_RATE_HZ
-from cutfs.codec.resampler import Resampler
-from cutfs.codec.wav_layout import WavLayout
 
 #: The largest term of a reduced rate ratio cutfs resamples (44.1 kHz to 16 kHz is 441/160;
 #: the filter has 20 taps per unit of the larger term, 40 001 here at most: 320 KB).

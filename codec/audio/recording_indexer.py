@@ -3,7 +3,7 @@
 :func:`index_recording` decodes the recording once from its start, which
 gives the exact number of frames of the full decode and, packet by packet,
 the byte offsets where decoding can resume.  It then decodes a few windows
-through :func:`cutfs.codec.decoder.decode_frames`, from the seek index, and
+through :func:`cutfs.codec.audio.decoder.decode_frames`, from the seek index, and
 compares them with the same windows of the sequential decode.  A recording
 that fails the comparison (AAC with perceptual noise substitution, an
 irregular stream) or whose container cutfs cannot seek in is transcoded to
@@ -25,19 +25,19 @@ from typing import Any, Final
 import av
 import numpy as np
 
-from cutfs.codec.decoder import (
+from cutfs.codec.audio.decoder import (
     SpliceReader,
     decode_frames,
     ffmpeg_message,
     frame_to_s16,
     open_input,
 )
+from cutfs.codec.audio.pcm import Int16Array
+from cutfs.codec.audio.recording import DecodeMethod, FrameTiming, Recording
+from cutfs.codec.audio.riff import parse_riff_wave
+from cutfs.codec.audio.seek_index import SeekIndex
 from cutfs.codec.errors import CorruptDataError, UnsupportedAudioError
 from cutfs.codec.limits import check_shape
-from cutfs.codec.pcm import Int16Array
-from cutfs.codec.recording import DecodeMethod, FrameTiming, Recording
-from cutfs.codec.riff import parse_riff_wave
-from cutfs.codec.seek_index import SeekIndex
 from cutfs.codec.storage.blob import Blob
 
 #: Container formats cutfs decodes by splicing, and how it knows where a

@@ -21,8 +21,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from cutfs.codec.audio.pcm import Int16Array, float_to_s16
 from cutfs.codec.errors import CorruptDataError
-from cutfs.codec.pcm import Int16Array, float_to_s16
 
 #: The sample formats (FFmpeg's names) gathered here: 32-bit float, planar or packed.
 FLOAT_FORMATS: Final = frozenset({"flt", "fltp"})
@@ -38,7 +38,7 @@ class FloatStaging:
     interleaved samples).
 
     :meth:`put` copies a decoded frame's samples in; :meth:`convert_into` converts all of
-    them to int16 (frames, channels), as :func:`cutfs.codec.pcm.float_to_s16` does.  Not
+    them to int16 (frames, channels), as :func:`cutfs.codec.audio.pcm.float_to_s16` does.  Not
     to be shared between threads, nor kept past the decode: the buffer is the thread's.
     """
 
