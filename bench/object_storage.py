@@ -45,8 +45,8 @@ from typing import Any
 
 from run import CUT_SECONDS, RATE, Cut, Setup, _drop_caches, _machine, _prepare, _unmount
 
-from cutfs.codec.shard_set import ShardSet
-from cutfs.codec.shard_upload import upload_shards
+from cutfs.codec.catalogue.shard_set import ShardSet
+from cutfs.codec.catalogue.shard_upload import upload_shards
 from cutfs.codec.storage.object_store import ObjectLocation, ObjectStore
 
 REPOSITORY = Path(__file__).resolve().parent.parent

@@ -38,7 +38,7 @@ import numpy as np
 import soundfile
 from processes import daemon_pids, read_bytes
 
-from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.catalogue.shard_set import ShardSet
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]

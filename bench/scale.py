@@ -50,8 +50,8 @@ import numpy as np
 import pyarrow as pa
 from processes import daemon_pids, pss_bytes, read_bytes
 
-from cutfs.codec.shard_format import CUTS_SCHEMA, MANIFEST_FILE
-from cutfs.codec.shard_writer import write_cut_catalogue
+from cutfs.codec.catalogue.shard_format import CUTS_SCHEMA, MANIFEST_FILE
+from cutfs.codec.catalogue.shard_writer import write_cut_catalogue
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
@@ -561,7 +561,7 @@ def _first_cut_bytes(directory: Path, mountpoint: Path, count: int) -> dict[str,
     index).  A cut of another recording is read first and the page cache dropped, so that
     the code every first read faults in is not counted (what it faults in again after the
     drop is: the figure is an upper bound)."""
-    from cutfs.codec.shard_set import ShardSet  # noqa: PLC0415
+    from cutfs.codec.catalogue.shard_set import ShardSet  # noqa: PLC0415
 
     def cut_path(number: int) -> Path:
         return mountpoint / "cuts" / f"s{number // PER_DIRECTORY:05d}" / f"u{number:09d}.wav"

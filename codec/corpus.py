@@ -17,13 +17,13 @@ import numpy as np
 
 from cutfs.codec.audio.cut import Cut, seconds_to_frames
 from cutfs.codec.audio.pcm import Int16Array
+from cutfs.codec.catalogue.path_escape import escape_id
+from cutfs.codec.catalogue.remote_shards import open_remote_shards
+from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
+from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.pack_plan import refuse_uncommitted
-from cutfs.codec.path_escape import escape_id
-from cutfs.codec.remote_shards import open_remote_shards
-from cutfs.codec.shard_format import MANIFEST_FILE
-from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
 from cutfs.codec.source_policy import SourcePolicy
 from cutfs.codec.storage.object_store import is_remote

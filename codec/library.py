@@ -1,6 +1,6 @@
 """What the filesystem serves from: recordings and cuts, packed or in place.
 
-Two kinds of library exist.  A :class:`cutfs.codec.shard_set.ShardSet` is the output
+Two kinds of library exist.  A :class:`cutfs.codec.catalogue.shard_set.ShardSet` is the output
 of ``cutfs pack``: every recording was indexed ahead, so everything is known
 at open.  A :class:`cutfs.codec.source_index.SourceIndex` serves audio files where
 they are (Lhotse manifests, Kaldi directories, tars, Arrow and Parquet
@@ -21,8 +21,8 @@ from cutfs.codec.audio.cut import Cut
 from cutfs.codec.audio.decoder import DecodeTrace
 from cutfs.codec.audio.pcm import Int16Array
 from cutfs.codec.audio.recording import Recording
-from cutfs.codec.file_tree import FileTree
-from cutfs.codec.kaldi_order import KaldiOrder
+from cutfs.codec.catalogue.file_tree import FileTree
+from cutfs.codec.catalogue.kaldi_order import KaldiOrder
 from cutfs.codec.source_policy import SourcePolicy
 
 
@@ -87,7 +87,7 @@ class Library(Protocol):
         ...
 
     def kaldi_order(self) -> KaldiOrder:
-        """The cuts' Kaldi key order (:mod:`cutfs.codec.kaldi_order`)."""
+        """The cuts' Kaldi key order (:mod:`cutfs.codec.catalogue.kaldi_order`)."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -173,7 +173,7 @@ def open_library(directory: str, policy: SourcePolicy | None = None) -> Library:
 
     ``policy`` is what a source index was prepared with (shards need none).
     """
-    from cutfs.codec.shard_set import ShardSet  # noqa: PLC0415 - the two import this module
+    from cutfs.codec.catalogue.shard_set import ShardSet  # noqa: PLC0415 - the two import this module
     from cutfs.codec.source_index import INDEX_FILE, SourceIndex  # noqa: PLC0415
 
     if os.path.exists(os.path.join(directory, INDEX_FILE)):

@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 
+from cutfs.codec.catalogue.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.errors import SourceError
 from cutfs.codec.pack_commit import PackReport, commit_pack
 from cutfs.codec.pack_engines import LocalEngine, PackEngine
@@ -28,7 +29,6 @@ from cutfs.codec.pack_output import LocalPackOutput, PackOutput, open_pack_outpu
 from cutfs.codec.pack_plan import make_plan
 from cutfs.codec.pack_progress import PackProgress, ProgressCallback
 from cutfs.codec.partition_packer import finished_partitions
-from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.storage.object_store import is_remote
 
 __all__ = ["PackProgress", "PackReport", "ProgressCallback", "pack", "pack_in_place"]

@@ -40,14 +40,14 @@ import pyarrow.compute as pc
 from cutfs.codec.audio.cut import seconds_to_frames
 from cutfs.codec.audio.recording import Recording
 from cutfs.codec.audio.recording_indexer import IndexedRecording, index_recording
+from cutfs.codec.catalogue.mapped_table import release_mapped_pages
+from cutfs.codec.catalogue.shard_format import CUTS_SCHEMA, shard_file_name, write_table
+from cutfs.codec.catalogue.shard_writer import ShardWriter
 from cutfs.codec.command_runner import CommandLimits, run_command
 from cutfs.codec.errors import CutfsError, SourceError
-from cutfs.codec.mapped_table import release_mapped_pages
 from cutfs.codec.pack_output import PackOutput
 from cutfs.codec.pack_plan import PackPlan, partition_inputs, read_plan
 from cutfs.codec.pack_progress import PackProgress, ProgressCallback
-from cutfs.codec.shard_format import CUTS_SCHEMA, shard_file_name, write_table
-from cutfs.codec.shard_writer import ShardWriter
 from cutfs.codec.sources import SourceRecording
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 from cutfs.codec.storage.object_store import ObjectStore, split_object_url

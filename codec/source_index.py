@@ -51,22 +51,12 @@ from cutfs.codec.audio.decoder import DecodeTrace, decode_frames, decode_spans
 from cutfs.codec.audio.pcm import Int16Array
 from cutfs.codec.audio.recording import Recording
 from cutfs.codec.audio.recording_indexer import index_recording
-from cutfs.codec.command_runner import run_command
-from cutfs.codec.cut_table import CutTable, mentions_of
-from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
-from cutfs.codec.file_tree import FileTree, served_paths, write_file_tree
-from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
-from cutfs.codec.library import AudioShape, LibrarySpec
-from cutfs.codec.limits import (
-    MAX_CHANNELS,
-    MAX_FRAMES,
-    MAX_RECORDING_SECONDS,
-    MAX_SAMPLE_RATE_HZ,
-)
-from cutfs.codec.mapped_table import float_view, read_mapped
-from cutfs.codec.private_directory import private_directory
-from cutfs.codec.recording_table import recording_from_row, recording_row
-from cutfs.codec.shard_format import (
+from cutfs.codec.catalogue.cut_table import CutTable, mentions_of
+from cutfs.codec.catalogue.file_tree import FileTree, served_paths, write_file_tree
+from cutfs.codec.catalogue.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
+from cutfs.codec.catalogue.mapped_table import float_view, read_mapped
+from cutfs.codec.catalogue.recording_table import recording_from_row, recording_row
+from cutfs.codec.catalogue.shard_format import (
     CUTS_TREE,
     RECORDINGS_SCHEMA,
     RECORDINGS_TREE,
@@ -74,6 +64,16 @@ from cutfs.codec.shard_format import (
     read_table,
     write_table,
 )
+from cutfs.codec.command_runner import run_command
+from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
+from cutfs.codec.library import AudioShape, LibrarySpec
+from cutfs.codec.limits import (
+    MAX_CHANNELS,
+    MAX_FRAMES,
+    MAX_RECORDING_SECONDS,
+    MAX_SAMPLE_RATE_HZ,
+)
+from cutfs.codec.private_directory import private_directory
 from cutfs.codec.source_policy import SourcePolicy, check_may_run_commands_here
 from cutfs.codec.sources import Refusals, SourceCatalogue, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell

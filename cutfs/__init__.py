@@ -58,8 +58,8 @@ def pack(
     ``jobs`` defaults to one process per core.  Raises
     :class:`cutfs.codec.errors.CutfsError` for bad input; ``output`` is then untouched.
     """
+    from cutfs.codec.catalogue.shard_writer import DEFAULT_SHARD_BYTES  # noqa: PLC0415
     from cutfs.codec.packer import pack as pack_sources  # noqa: PLC0415 - keep import light
-    from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES  # noqa: PLC0415
 
     paths = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
     return pack_sources(

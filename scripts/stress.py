@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from cutfs.codec.audio.cut import seconds_to_frames
-from cutfs.codec.path_escape import escape_id
+from cutfs.codec.catalogue.path_escape import escape_id
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 READ_TIMEOUT_SECONDS = 4.0

@@ -28,10 +28,10 @@ import pytest
 from corpus import ENCODINGS, ffmpeg_decode, make_corpus, wav_header
 
 from cutfs.codec.audio.cut import seconds_to_frames
+from cutfs.codec.catalogue.path_escape import escape_id
+from cutfs.codec.catalogue.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDINGS_FILE
+from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.packer import pack
-from cutfs.codec.path_escape import escape_id
-from cutfs.codec.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDINGS_FILE
-from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.storage.memory_advice import address_of
 
 CORPUS_SECONDS = 30.0

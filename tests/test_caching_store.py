@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import data_bytes
 
+from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import ShardFormatError, SourceError
-from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.storage.cache_usage import FILE_NAME as CACHE_USAGE_FILE
 from cutfs.codec.storage.caching_store import CachingStore
 from cutfs.codec.storage.local_store import LocalStore

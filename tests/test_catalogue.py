@@ -16,13 +16,13 @@ import pytest
 import trio
 from conftest import format_1_copy, write_arrow_file
 
+from cutfs.codec.catalogue.file_tree import served_paths
+from cutfs.codec.catalogue.kaldi_order import KaldiOrder, kaldi_key, write_kaldi_order
+from cutfs.codec.catalogue.path_escape import escape_id
+from cutfs.codec.catalogue.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDINGS_FILE
+from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import ShardFormatError, SourceError
-from cutfs.codec.file_tree import served_paths
-from cutfs.codec.kaldi_order import KaldiOrder, kaldi_key, write_kaldi_order
 from cutfs.codec.packer import pack
-from cutfs.codec.path_escape import escape_id
-from cutfs.codec.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDINGS_FILE
-from cutfs.codec.shard_set import ShardSet
 from cutfs.vfs.cuts_view import CutsView
 from cutfs.vfs.manifests_view import SpilledText, WavScp
 from cutfs.vfs.view import CUT_DIRECTORY_BASE, CUT_INODE_BASE
@@ -234,7 +234,7 @@ def test_a_recording_row_that_lies_fails_where_it_is_used(packed: Path, tmp_path
 def test_catalogues_on_network_storage_are_copied_to_a_private_cache(
     packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cutfs.codec import catalogue_copy  # noqa: PLC0415
+    from cutfs.codec.catalogue import catalogue_copy  # noqa: PLC0415
 
     monkeypatch.setattr(catalogue_copy, "is_on_network_storage", lambda path: True)
     cache = tmp_path / "cache"
@@ -389,7 +389,7 @@ def _with_offset(path: Path, column: str, row: int, value: int) -> None:
 _IN_A_CHILD = """
 import sys
 from cutfs.codec.errors import ShardFormatError
-from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.catalogue.shard_set import ShardSet
 with ShardSet(sys.argv[1]) as shards:
     try:
         {use}

@@ -10,7 +10,7 @@ from corpus import ENCODINGS
 
 from cutfs.codec.audio.decoder import DecodeTrace
 from cutfs.codec.audio.recording import DecodeMethod
-from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.catalogue.shard_set import ShardSet
 
 NAMES = [encoding.name for encoding in ENCODINGS]
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from conftest import CUTFS, is_mounted, mounted, needs_fuse, unmount, write_arrow_file
 
-from cutfs.codec.shard_format import CUTS_FILE, RECORDINGS_FILE
+from cutfs.codec.catalogue.shard_format import CUTS_FILE, RECORDINGS_FILE
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 TESTS = Path(__file__).resolve().parent

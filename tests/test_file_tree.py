@@ -9,9 +9,9 @@ from conftest import ODD_IDS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cutfs.codec.catalogue.file_tree import ROOT, FileTree, served_paths, write_file_tree
+from cutfs.codec.catalogue.path_escape import escape_id, unescape_path
 from cutfs.codec.errors import ShardFormatError
-from cutfs.codec.file_tree import ROOT, FileTree, served_paths, write_file_tree
-from cutfs.codec.path_escape import escape_id, unescape_path
 
 
 def _tree(tmp_path: Path, ids: list[str]) -> tuple[FileTree, list[str]]:
@@ -143,7 +143,7 @@ def _walk(tree: FileTree, directory: int = ROOT, path: str = "") -> dict[str, in
 def test_a_tree_written_in_small_batches_is_the_same_tree(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cutfs.codec import file_tree  # noqa: PLC0415
+    from cutfs.codec.catalogue import file_tree  # noqa: PLC0415
 
     ids = [f"spk{n % 7}/sess{n % 5}/utt-{n:05d}" for n in range(600)]
     ids += [*ODD_IDS, "a", "a.wav/b", "deep/x/y/z/w", "deep/x/v"]
@@ -164,8 +164,8 @@ def test_rows_already_in_order_are_written_unsorted_and_read_the_same(
     import numpy as np  # noqa: PLC0415
     import pyarrow as pa  # noqa: PLC0415
 
-    from cutfs.codec import file_tree, row_order  # noqa: PLC0415
-    from cutfs.codec.kaldi_order import KaldiOrder, write_kaldi_order  # noqa: PLC0415
+    from cutfs.codec.catalogue import file_tree, row_order  # noqa: PLC0415
+    from cutfs.codec.catalogue.kaldi_order import KaldiOrder, write_kaldi_order  # noqa: PLC0415
 
     names = pa.array([b"a", b"ab", b"b", b"a", b"c"], pa.large_binary())
     assert row_order.rows_in_order(names, np.array([0, 0, 0, 1, 1]))
@@ -176,7 +176,9 @@ def test_rows_already_in_order_are_written_unsorted_and_read_the_same(
     for sort_always in (False, True):
         if sort_always:  # the slow path, forced: the same tree and order must come out
             monkeypatch.setattr(file_tree, "rows_in_order", lambda *args: False)
-            monkeypatch.setattr("cutfs.codec.kaldi_order.rows_in_order", lambda *args: False)
+            monkeypatch.setattr(
+                "cutfs.codec.catalogue.kaldi_order.rows_in_order", lambda *args: False
+            )
         directory = tmp_path / str(sort_always)
         directory.mkdir()
         tree, paths = _tree(directory, ids)

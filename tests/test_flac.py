@@ -26,8 +26,8 @@ from cutfs.codec.audio.decoder import DecodeTrace, decode_frames
 from cutfs.codec.audio.flac_frame import frame_first_sample
 from cutfs.codec.audio.recording import DecodeMethod
 from cutfs.codec.audio.seek_index import SeekIndex
+from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import CorruptDataError
-from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.storage.blob import Blob
 
 FLAC_NAMES = ["flac_mono_16k.flac", "flac_s24_stereo_48k.flac", "flac_6ch_16k.flac"]

@@ -19,7 +19,7 @@ import pytest
 from conftest import CUTFS, Reference, mounted, needs_fuse
 from corpus import ffmpeg_decode
 
-from cutfs.codec.path_escape import escape_id
+from cutfs.codec.catalogue.path_escape import escape_id
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 

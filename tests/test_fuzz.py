@@ -17,8 +17,8 @@ from cutfs.codec.audio.decoder import decode_frames
 from cutfs.codec.audio.recording import Recording
 from cutfs.codec.audio.recording_indexer import index_recording
 from cutfs.codec.audio.seek_index import SeekIndex
+from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import CutfsError
-from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.storage.blob import Blob
 from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.decode_pool import DecodePool

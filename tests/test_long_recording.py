@@ -17,9 +17,9 @@ from conftest import mounted, needs_fuse, resident_pages
 from corpus import synthesize
 
 from cutfs.codec.audio.decoder import DecodeTrace
+from cutfs.codec.catalogue.shard_format import RECORDINGS_FILE
+from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.packer import pack
-from cutfs.codec.shard_format import RECORDINGS_FILE
-from cutfs.codec.shard_set import ShardSet
 
 HOURS = 2
 RATE = 8000

@@ -38,7 +38,7 @@ from conftest import (
 )
 from corpus import wav_header
 
-from cutfs.codec.path_escape import unescape_path
+from cutfs.codec.catalogue.path_escape import unescape_path
 from cutfs.vfs import kernel_tuning
 
 pytestmark = [pytest.mark.mount, needs_fuse]

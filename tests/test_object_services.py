@@ -32,7 +32,7 @@ from conftest import (
     needs_fuse,
 )
 
-from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.storage.object_store import ObjectChangedError, ObjectLocation, ObjectStore
 
 BUCKET = "corpus"

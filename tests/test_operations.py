@@ -17,10 +17,10 @@ import trio
 import trio.testing
 from conftest import Reference, copy_and_damage
 
+from cutfs.codec.catalogue.shard_format import CUTS_FILE
+from cutfs.codec.catalogue.shard_set import ShardSet
+from cutfs.codec.catalogue.shard_writer import write_cut_catalogue
 from cutfs.codec.packer import pack
-from cutfs.codec.shard_format import CUTS_FILE
-from cutfs.codec.shard_set import ShardSet
-from cutfs.codec.shard_writer import write_cut_catalogue
 from cutfs.vfs import frame_source
 from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.decode_pool import DecodePool

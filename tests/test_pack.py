@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 from conftest import Reference
 
+from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import SourceError
 from cutfs.codec.packer import pack
-from cutfs.codec.shard_set import ShardSet
 
 CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
 

@@ -25,7 +25,7 @@ from conftest import (
     needs_fuse,
 )
 
-from cutfs.codec.shard_set import ShardSet
+from cutfs.codec.catalogue.shard_set import ShardSet
 
 pytestmark = [needs_fuse]
 BUCKET = "corpus"

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import CUTFS, format_1_copy, mounted, needs_fuse
 
-from cutfs.codec import shard_upgrade
+from cutfs.codec.catalogue import shard_upgrade
+from cutfs.codec.catalogue.shard_format import MANIFEST_FILE, RECORDINGS_FILE
+from cutfs.codec.catalogue.shard_set import ShardSet
+from cutfs.codec.catalogue.shard_upgrade import upgrade_shards
 from cutfs.codec.errors import SourceError
-from cutfs.codec.shard_format import MANIFEST_FILE, RECORDINGS_FILE
-from cutfs.codec.shard_set import ShardSet
-from cutfs.codec.shard_upgrade import upgrade_shards
 
 
 def _upgrade(directory: Path | str) -> subprocess.CompletedProcess[str]:

@@ -22,9 +22,9 @@ from cutfs.codec.audio.resampler import Resampler
 from cutfs.codec.audio.riff import parse_riff_wave
 from cutfs.codec.audio.seek_index import SeekIndex
 from cutfs.codec.audio.wav_layout import HEADER_BYTES, WavLayout
+from cutfs.codec.catalogue.file_tree import served_paths
+from cutfs.codec.catalogue.path_escape import escape_id, unescape_path
 from cutfs.codec.errors import CorruptDataError, ShardFormatError
-from cutfs.codec.file_tree import served_paths
-from cutfs.codec.path_escape import escape_id, unescape_path
 from cutfs.codec.storage.memory_advice import address_of
 from cutfs.vfs.block_cache import BLOCK_OVERHEAD_BYTES, BlockCache
 

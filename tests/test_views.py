@@ -14,7 +14,7 @@ import pytest
 from conftest import CUTFS, Reference, cut_path, cut_plan, expected_cut, mounted, needs_fuse
 from corpus import wav_header
 
-from cutfs.codec.path_escape import escape_id
+from cutfs.codec.catalogue.path_escape import escape_id
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from cutfs.codec.audio.decoder import DecodeTrace
 from cutfs.codec.audio.recording import Recording
+from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import CorruptDataError, CutfsError, ManifestMismatchError
-from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.storage.object_store import ObjectChangedError
 from cutfs.vfs.decode_pool import DecodeDeadlineError
 from cutfs.vfs.worker_message import (

@@ -21,6 +21,8 @@ from tqdm import tqdm
 
 from cutfs import __version__
 from cutfs.codec.audio.output_format import OutputFormat
+from cutfs.codec.catalogue.shard_upgrade import upgrade_shards
+from cutfs.codec.catalogue.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.clean_start import absolute, clean_environment, python_command, restart_clean
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError
@@ -38,8 +40,6 @@ from cutfs.codec.pack_progress import PackProgress
 from cutfs.codec.pack_status import read_status
 from cutfs.codec.packer import pack, pack_in_place
 from cutfs.codec.partition_packer import pack_partition
-from cutfs.codec.shard_upgrade import upgrade_shards
-from cutfs.codec.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.object_store import is_remote

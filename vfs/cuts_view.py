@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from cutfs.codec.file_tree import FileTree
+from cutfs.codec.catalogue.file_tree import FileTree
+from cutfs.codec.catalogue.mapped_table import RowSequence
 from cutfs.codec.library import Library
-from cutfs.codec.mapped_table import RowSequence
 from cutfs.vfs.view import (
     CUT_DIRECTORY_BASE,
     CUT_INODE_BASE,

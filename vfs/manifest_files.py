@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 from cutfs.codec.audio.wav_layout import WavLayout
+from cutfs.codec.catalogue.kaldi_order import KaldiOrder, kaldi_key
 from cutfs.codec.errors import CutfsError
-from cutfs.codec.kaldi_order import KaldiOrder, kaldi_key
 from cutfs.codec.library import Library
 
 log = logging.getLogger("cutfs.manifest_files")

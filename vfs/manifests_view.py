@@ -2,7 +2,7 @@
 ``cuts/metadata.jsonl``, as text files (contents: :mod:`cutfs.vfs.manifest_files`).
 
 No manifest is held whole in memory.  ``wav.scp`` is rendered per read from
-the stored Kaldi order (:mod:`cutfs.codec.kaldi_order`): its exact size is
+the stored Kaldi order (:mod:`cutfs.codec.catalogue.kaldi_order`): its exact size is
 known at once and any byte range is found by a binary search.  The others
 are written out once, in chunks, to an unnamed temporary file on first use
 (after every recording is indexed, for those that need lengths), by a
@@ -20,8 +20,8 @@ from typing import Final
 
 import trio
 
+from cutfs.codec.catalogue.kaldi_order import KaldiOrder, kaldi_key
 from cutfs.codec.errors import CutfsError
-from cutfs.codec.kaldi_order import KaldiOrder, kaldi_key
 from cutfs.vfs.manifest_files import (
     AUDIOFOLDER_METADATA,
     COMPRESSED,

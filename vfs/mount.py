@@ -25,14 +25,14 @@ import pyfuse3
 import trio
 
 from cutfs.codec.audio.output_format import OutputFormat
+from cutfs.codec.catalogue.remote_shards import open_remote_shards
+from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
+from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.clean_start import is_clean
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.pack_plan import refuse_uncommitted
-from cutfs.codec.remote_shards import open_remote_shards
-from cutfs.codec.shard_format import MANIFEST_FILE
-from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_index import SourceIndex, default_cache_root, prepare_index
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES, SourcePolicy
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from cutfs.codec.file_tree import FileTree
+from cutfs.codec.catalogue.file_tree import FileTree
+from cutfs.codec.catalogue.mapped_table import RowSequence
+from cutfs.codec.catalogue.path_escape import SUFFIX
 from cutfs.codec.library import Library
-from cutfs.codec.mapped_table import RowSequence
-from cutfs.codec.path_escape import SUFFIX
 from cutfs.vfs.span_table import SharedSpanTable, SpanTable
 from cutfs.vfs.view import (
     RANGE_DIRECTORY_BASE,

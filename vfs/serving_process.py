@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from cutfs.codec.mapped_table import release_mapped_pages
+from cutfs.codec.catalogue.mapped_table import release_mapped_pages
 from cutfs.codec.source_policy import SourcePolicy
 from cutfs.vfs.device_channel import DeviceChannel, clone_device, write_reply
 from cutfs.vfs.doorbell import Doorbell
@@ -542,7 +542,7 @@ _RELEASE_PAGES_SECONDS: Final = 10.0
 
 async def release_catalogue_pages() -> None:
     """Every 10 s, release the catalogue pages this process mapped (see
-    :func:`cutfs.codec.mapped_table.release_mapped_pages`): its memory then stays what it
+    :func:`cutfs.codec.catalogue.mapped_table.release_mapped_pages`): its memory then stays what it
     holds, not what a scan of millions of rows once touched."""
     while True:
         await trio.sleep(_RELEASE_PAGES_SECONDS)

@@ -156,7 +156,7 @@ def preload_modules() -> None:
 
     import pyarrow as pa  # noqa: PLC0415
 
-    import cutfs.codec.shard_set  # noqa: PLC0415 - open_library imports these lazily
+    import cutfs.codec.catalogue.shard_set  # noqa: PLC0415 - open_library imports these lazily
     import cutfs.codec.source_index  # noqa: F401, PLC0415
 
     with contextlib.suppress(ImportError):

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from cutfs.codec.audio.cut import seconds_to_frames
-from cutfs.codec.file_tree import FileTree
+from cutfs.codec.catalogue.file_tree import FileTree
+from cutfs.codec.catalogue.mapped_table import RowSequence
+from cutfs.codec.catalogue.path_escape import SUFFIX
 from cutfs.codec.library import AudioShape, Library
-from cutfs.codec.mapped_table import RowSequence
-from cutfs.codec.path_escape import SUFFIX
 from cutfs.vfs.view import (
     ROOT_INODE,
     WINDOW_BITS,

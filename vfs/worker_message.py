@@ -18,7 +18,7 @@ may send, numbers out of range included.  The reader receives with a bound
 (:data:`MOST_MESSAGE_BYTES`), so memory is bounded too.  What a message
 *says* (samples, a plan) can still be wrong: a worker decodes, and wrong
 samples from a hostile one cannot be told apart from right ones.  The
-reader's own checks of a plan (:func:`~cutfs.codec.recording_table.recording_from_row`)
+reader's own checks of a plan (:func:`~cutfs.codec.catalogue.recording_table.recording_from_row`)
 and of the frames' shape apply as to anything read from a shard.
 """
 
@@ -37,9 +37,9 @@ from cutfs.codec.audio.decoder import DECODE_PHASES, DecodeTrace
 from cutfs.codec.audio.pcm import Int16Array
 from cutfs.codec.audio.recording import Recording
 from cutfs.codec.audio.seek_index import SeekIndex
+from cutfs.codec.catalogue.recording_table import recording_from_row, recording_row
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.limits import MAX_CHANNELS, MAX_FRAMES
-from cutfs.codec.recording_table import recording_from_row, recording_row
 
 #: The longest message a reader accepts: the largest PCM reply that may go through the
 #: pipe instead of the shared buffer, or a plan's seek index (a week of audio with a point

@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutfs.codec.catalogue.mapped_table import release_mapped_pages, track_map
 from cutfs.codec.errors import SourceError
-from cutfs.codec.mapped_table import release_mapped_pages, track_map
 
 
 @dataclass

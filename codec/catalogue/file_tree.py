@@ -1,7 +1,7 @@
 """The directory tree of served files, written once and searched in place, memory-mapped.
 
 A tree serves items (cuts, recordings) numbered ``0..n-1`` as files whose
-relative paths come from their ids (:mod:`cutfs.codec.path_escape`).  It is
+relative paths come from their ids (:mod:`cutfs.codec.catalogue.path_escape`).  It is
 written as two uncompressed Arrow IPC files:
 
 ``<name>.entries.arrow``
@@ -37,8 +37,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutfs.codec.errors import ShardFormatError, SourceError
-from cutfs.codec.mapped_table import (
+from cutfs.codec.catalogue.mapped_table import (
     BinaryColumn,
     RowSequence,
     int_view,
@@ -46,9 +45,10 @@ from cutfs.codec.mapped_table import (
     read_mapped,
     single_chunk,
 )
-from cutfs.codec.path_escape import PLAIN_ID_PATTERN, SUFFIX, escape_id, unescape_path
-from cutfs.codec.row_order import rows_in_order
-from cutfs.codec.shard_format import write_table
+from cutfs.codec.catalogue.path_escape import PLAIN_ID_PATTERN, SUFFIX, escape_id, unescape_path
+from cutfs.codec.catalogue.row_order import rows_in_order
+from cutfs.codec.catalogue.shard_format import write_table
+from cutfs.codec.errors import ShardFormatError, SourceError
 
 ROOT: Final = 0
 _ENTRIES: Final = ".entries.arrow"
@@ -97,7 +97,7 @@ class Entry:
 def served_paths(ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> pa.Array:
     """The relative path of every id (a large_string array), clashes resolved.
 
-    Plain ids (the common case: see :mod:`cutfs.codec.path_escape`) get their
+    Plain ids (the common case: see :mod:`cutfs.codec.catalogue.path_escape`) get their
     ``.wav`` with one vectorised kernel per batch; others are escaped one by
     one.  No Python string per id is kept.  Clashes are found with vectorised
     kernels and, being rare, resolved one by one (see the module docstring).

@@ -22,10 +22,10 @@ from cachetools import LRUCache
 from cutfs.codec.audio.pcm import sample_bytes
 from cutfs.codec.audio.recording import DecodeMethod, FrameTiming, Recording
 from cutfs.codec.audio.seek_index import SeekIndex
+from cutfs.codec.catalogue.mapped_table import ListColumn, StringColumn, int_view
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.library import AudioShape
 from cutfs.codec.limits import MAX_CHANNELS, MAX_FRAMES, MAX_SAMPLE_RATE_HZ, check_shape
-from cutfs.codec.mapped_table import ListColumn, StringColumn, int_view
 
 #: Plans kept built; each holds its seek index as views of the mapped table.
 PLANS_KEPT: Final = 4096

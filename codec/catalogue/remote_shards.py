@@ -26,11 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
 
-from cutfs.codec.catalogue_copy import CATALOGUE_FILES, cached_catalogue
+from cutfs.codec.catalogue.catalogue_copy import CATALOGUE_FILES, cached_catalogue
+from cutfs.codec.catalogue.shard_format import MANIFEST_FILE, is_plain_file_name
+from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.library import Library
-from cutfs.codec.shard_format import MANIFEST_FILE, is_plain_file_name
-from cutfs.codec.shard_set import ShardSet
 from cutfs.codec.source_policy import SourcePolicy
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES, DEFAULT_MEMORY_BYTES, CachingStore
 from cutfs.codec.storage.object_store import (

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import os
 
-from cutfs.codec.catalogue_copy import CATALOGUE_FILES
+from cutfs.codec.catalogue.catalogue_copy import CATALOGUE_FILES
+from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
 from cutfs.codec.errors import SourceError
-from cutfs.codec.shard_format import MANIFEST_FILE
 from cutfs.codec.storage.object_store import ObjectLocation, ObjectStore, ObjectStoreError
 
 

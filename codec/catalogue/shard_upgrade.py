@@ -38,9 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from cutfs.codec.catalogue_copy import CATALOGUE_FILES
-from cutfs.codec.errors import ShardFormatError, SourceError
-from cutfs.codec.shard_format import (
+from cutfs.codec.catalogue.catalogue_copy import CATALOGUE_FILES
+from cutfs.codec.catalogue.shard_format import (
     CUTS_FILE,
     CUTS_SCHEMA,
     FORMAT_VERSION,
@@ -49,8 +48,9 @@ from cutfs.codec.shard_format import (
     RECORDINGS_SCHEMA,
     read_table,
 )
-from cutfs.codec.shard_set import ShardSet
-from cutfs.codec.shard_writer import manifest_of, write_catalogue
+from cutfs.codec.catalogue.shard_set import ShardSet
+from cutfs.codec.catalogue.shard_writer import manifest_of, write_catalogue
+from cutfs.codec.errors import ShardFormatError, SourceError
 
 _SCRATCH_PREFIX = ".cutfs-upgrade-"
 #: Manifest keys format 2 writes itself (the rest of a format-1 manifest is kept).

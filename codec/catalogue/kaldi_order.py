@@ -22,10 +22,10 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutfs.codec.catalogue.mapped_table import int_view, read_mapped
+from cutfs.codec.catalogue.row_order import rows_in_order
+from cutfs.codec.catalogue.shard_format import write_table
 from cutfs.codec.errors import ShardFormatError
-from cutfs.codec.mapped_table import int_view, read_mapped
-from cutfs.codec.row_order import rows_in_order
-from cutfs.codec.shard_format import write_table
 
 KALDI_ORDER_FILE: Final = "kaldi-order.arrow"
 _SCHEMA: Final = pa.schema([("cut", pa.int64()), ("text_end", pa.int64())])

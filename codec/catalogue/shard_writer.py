@@ -1,4 +1,4 @@
-"""Writing a shard directory (see :mod:`cutfs.codec.shard_format`)."""
+"""Writing a shard directory (see :mod:`cutfs.codec.catalogue.shard_format`)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ import numpy as np
 import pyarrow as pa
 
 from cutfs.codec.audio.recording import Recording
-from cutfs.codec.cut_table import mentions_of
-from cutfs.codec.errors import ShardFormatError
-from cutfs.codec.file_tree import served_paths, write_file_tree
-from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, write_kaldi_order
-from cutfs.codec.mapped_table import release_mapped_pages
-from cutfs.codec.recording_table import recording_row
-from cutfs.codec.shard_format import (
+from cutfs.codec.catalogue.cut_table import mentions_of
+from cutfs.codec.catalogue.file_tree import served_paths, write_file_tree
+from cutfs.codec.catalogue.kaldi_order import KALDI_ORDER_FILE, write_kaldi_order
+from cutfs.codec.catalogue.mapped_table import release_mapped_pages
+from cutfs.codec.catalogue.recording_table import recording_row
+from cutfs.codec.catalogue.shard_format import (
     CUTS_FILE,
     CUTS_SCHEMA,
     CUTS_TREE,
@@ -29,6 +28,7 @@ from cutfs.codec.shard_format import (
     shard_file_name,
     write_table,
 )
+from cutfs.codec.errors import ShardFormatError
 
 DEFAULT_SHARD_BYTES = 1 << 30
 

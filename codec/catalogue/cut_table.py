@@ -10,14 +10,14 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutfs.codec.errors import ShardFormatError
-from cutfs.codec.mapped_table import (
+from cutfs.codec.catalogue.mapped_table import (
     BinaryColumn,
     ListColumn,
     StringColumn,
     native_int_view,
     single_chunk,
 )
+from cutfs.codec.errors import ShardFormatError
 
 #: Metadata fields whose presence the manifests ask about (``text``, speaker maps).
 MENTIONED_FIELDS: Final = ("text", "speaker")
@@ -27,7 +27,7 @@ class CutTable:
     """Read access to the shared columns of a cuts table (``cut_id``, ``recording``,
     ``channels``, ``metadata``); the time columns differ and stay with their owner.
 
-    Columns are read in place (see :mod:`cutfs.codec.mapped_table`): no Python
+    Columns are read in place (see :mod:`cutfs.codec.catalogue.mapped_table`): no Python
     object is made per cut until that cut is asked for.
     """
 

@@ -23,17 +23,17 @@ import tempfile
 from collections.abc import Callable
 from typing import Final
 
-from cutfs.codec.errors import SourceError
-from cutfs.codec.file_tree import TREE_FILES
-from cutfs.codec.kaldi_order import KALDI_ORDER_FILE
-from cutfs.codec.private_directory import private_directory
-from cutfs.codec.shard_format import (
+from cutfs.codec.catalogue.file_tree import TREE_FILES
+from cutfs.codec.catalogue.kaldi_order import KALDI_ORDER_FILE
+from cutfs.codec.catalogue.shard_format import (
     CUTS_FILE,
     CUTS_TREE,
     MANIFEST_FILE,
     RECORDINGS_FILE,
     RECORDINGS_TREE,
 )
+from cutfs.codec.errors import SourceError
+from cutfs.codec.private_directory import private_directory
 from cutfs.codec.storage.local_store import file_stamp
 
 #: File system types whose page faults may wait on a network (prefixes of

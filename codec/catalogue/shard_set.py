@@ -19,15 +19,13 @@ from cutfs.codec.audio.cut import Cut
 from cutfs.codec.audio.decoder import DecodeTrace, decode_frames, decode_spans
 from cutfs.codec.audio.pcm import Int16Array
 from cutfs.codec.audio.recording import Recording
-from cutfs.codec.catalogue_copy import catalogue_directory
-from cutfs.codec.cut_table import CutTable
-from cutfs.codec.errors import ShardFormatError
-from cutfs.codec.file_tree import TREE_FILES, FileTree, served_paths, write_file_tree
-from cutfs.codec.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
-from cutfs.codec.library import AudioShape, LibrarySpec, LocalLibrary
-from cutfs.codec.mapped_table import int_view, read_mapped
-from cutfs.codec.recording_table import RecordingTable
-from cutfs.codec.shard_format import (
+from cutfs.codec.catalogue.catalogue_copy import catalogue_directory
+from cutfs.codec.catalogue.cut_table import CutTable
+from cutfs.codec.catalogue.file_tree import TREE_FILES, FileTree, served_paths, write_file_tree
+from cutfs.codec.catalogue.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
+from cutfs.codec.catalogue.mapped_table import int_view, read_mapped
+from cutfs.codec.catalogue.recording_table import RecordingTable
+from cutfs.codec.catalogue.shard_format import (
     CUTS_FILE,
     CUTS_SCHEMA,
     CUTS_TREE,
@@ -38,6 +36,8 @@ from cutfs.codec.shard_format import (
     RECORDINGS_TREE,
     is_plain_file_name,
 )
+from cutfs.codec.errors import ShardFormatError
+from cutfs.codec.library import AudioShape, LibrarySpec, LocalLibrary
 from cutfs.codec.storage.blob import Blob
 from cutfs.codec.storage.byte_store import ByteStore
 from cutfs.codec.storage.local_store import LocalStore, file_stamp
@@ -46,7 +46,7 @@ from cutfs.codec.storage.local_store import LocalStore, file_stamp
 class ShardSet:
     """An opened shard directory.
 
-    Opening reads the manifest and maps the tables (:mod:`cutfs.codec.mapped_table`):
+    Opening reads the manifest and maps the tables (:mod:`cutfs.codec.catalogue.mapped_table`):
     nothing is made per cut or per recording until it is asked for.  Numbers
     are checked where they are used (a cut's frame range against its
     recording when the cut is served, a recording's seek index when its plan
@@ -69,9 +69,9 @@ class ShardSet:
 
         ``store`` holds the shard files (default: the files of ``directory``).  The
         manifest and tables are read from ``catalogue`` when given (the local copy of a
-        remote directory's, :mod:`cutfs.codec.remote_shards`); otherwise from the
+        remote directory's, :mod:`cutfs.codec.catalogue.remote_shards`); otherwise from the
         directory, or with ``cache_root`` from a local copy when the directory is on
-        network storage (:mod:`cutfs.codec.catalogue_copy`).  ``spec`` is how a worker
+        network storage (:mod:`cutfs.codec.catalogue.catalogue_copy`).  ``spec`` is how a worker
         opens the same shards (default: this directory).
         """
         self.directory = directory
@@ -158,7 +158,7 @@ class ShardSet:
         return self._trees
 
     def kaldi_order(self) -> KaldiOrder:
-        """The cuts' Kaldi key order (:mod:`cutfs.codec.kaldi_order`)."""
+        """The cuts' Kaldi key order (:mod:`cutfs.codec.catalogue.kaldi_order`)."""
         if self._order is None:
             if self.version < 2:
                 self.trees()  # builds the order too

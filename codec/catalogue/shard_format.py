@@ -19,10 +19,10 @@ A shard directory holds:
     One row per cut: its id, recording, frame range, channels and metadata.
 ``cuts.{entries,directories,paths}.arrow``, ``recordings.{...}.arrow``
     The directory trees of the cut and recording files
-    (:mod:`cutfs.codec.file_tree`), searched in place by a mount.
+    (:mod:`cutfs.codec.catalogue.file_tree`), searched in place by a mount.
 
 Every table is one record batch, so a reader maps the file and reads
-columns in place (:mod:`cutfs.codec.mapped_table`).  Version 1 lacked
+columns in place (:mod:`cutfs.codec.catalogue.mapped_table`).  Version 1 lacked
 ``blob_offset`` and the trees: a mount finds blobs through the shards'
 Arrow metadata and builds the trees when it opens such a directory.
 """
@@ -46,7 +46,7 @@ READABLE_VERSIONS: Final = (1, 2)
 MANIFEST_FILE: Final = "manifest.json"
 RECORDINGS_FILE: Final = "recordings.arrow"
 CUTS_FILE: Final = "cuts.arrow"
-#: Prefixes of the file trees (:func:`cutfs.codec.file_tree.write_file_tree`).
+#: Prefixes of the file trees (:func:`cutfs.codec.catalogue.file_tree.write_file_tree`).
 CUTS_TREE: Final = "cuts"
 RECORDINGS_TREE: Final = "recordings"
 
