@@ -2,7 +2,7 @@
 
 Two kinds of library exist.  A :class:`cutfs.codec.catalogue.shard_set.ShardSet` is the output
 of ``cutfs pack``: every recording was indexed ahead, so everything is known
-at open.  A :class:`cutfs.codec.source_index.SourceIndex` serves audio files where
+at open.  A :class:`cutfs.codec.sources.source_index.SourceIndex` serves audio files where
 they are (Lhotse manifests, Kaldi directories, tars, Arrow and Parquet
 datasets); it indexes a recording the first time it is needed and keeps the
 result in an on-disk cache.  The filesystem talks to both through
@@ -174,7 +174,7 @@ def open_library(directory: str, policy: SourcePolicy | None = None) -> Library:
     ``policy`` is what a source index was prepared with (shards need none).
     """
     from cutfs.codec.catalogue.shard_set import ShardSet  # noqa: PLC0415 - the two import this module
-    from cutfs.codec.source_index import INDEX_FILE, SourceIndex  # noqa: PLC0415
+    from cutfs.codec.sources.source_index import INDEX_FILE, SourceIndex  # noqa: PLC0415
 
     if os.path.exists(os.path.join(directory, INDEX_FILE)):
         return SourceIndex(directory, load_cuts=False, policy=policy)

@@ -46,8 +46,8 @@ from trust_helpers import (
 from cutfs.codec.audio.cut import seconds_to_frames
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import ShardFormatError, SourceError
-from cutfs.codec.source_index import SourceIndex, prepare_index
 from cutfs.codec.sources import Refusals, read_source
+from cutfs.codec.sources.source_index import SourceIndex, prepare_index
 from cutfs.vfs.decode_pool import DecodePool, WorkerDiedError
 from cutfs.vfs.serving_user import ServingUser, acting_as, kill_command_group
 

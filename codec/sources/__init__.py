@@ -1,4 +1,18 @@
-"""Readers of the inputs ``cutfs pack`` accepts; :func:`read_source` picks one."""
+"""Sources: the inputs ``cutfs pack`` reads, and audio served where it lies.
+
+Readers, one per format, each making a :class:`SourceCatalogue` (:mod:`.catalogue`: the
+recordings to store and the cuts of them); :func:`read_source` picks one:
+
+- :mod:`.lhotse_manifest` (recordings plus supervisions or cuts), :mod:`.kaldi_dir`
+  (``wav.scp``, ``segments``, ...), :mod:`.tar_archive` (WebDataset and Lhotse Shar),
+  :mod:`.arrow_dataset` (HuggingFace datasets, Parquet, episode shards),
+  :mod:`.audio_dir` (a folder of audio files);
+- :mod:`.json_lines` reads JSON lines as others write them (one bad line, one refused
+  entry); :mod:`.tree` walks a source's files without leaving it.
+
+Served in place, without packing: :mod:`.source_index` (a catalogue plus plans made on
+first use, cached per user).
+"""
 
 from __future__ import annotations
 
