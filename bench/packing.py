@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cutfs.codec.pack_commit import commit_pack
-from cutfs.codec.pack_engines import LocalEngine
-from cutfs.codec.pack_output import LocalPackOutput
-from cutfs.codec.pack_plan import make_plan
-from cutfs.codec.packer import pack
+from cutfs.codec.packing.commit import commit_pack
+from cutfs.codec.packing.engines import LocalEngine
+from cutfs.codec.packing.output import LocalPackOutput
+from cutfs.codec.packing.packer import pack
+from cutfs.codec.packing.plan import make_plan
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 RATE = 16000

@@ -23,7 +23,7 @@ from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.library import Library
-from cutfs.codec.pack_plan import refuse_uncommitted
+from cutfs.codec.packing.plan import refuse_uncommitted
 from cutfs.codec.source_policy import SourcePolicy
 from cutfs.codec.sources.source_index import SourceIndex, default_cache_root, prepare_index
 from cutfs.codec.storage.object_store import is_remote

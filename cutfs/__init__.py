@@ -32,7 +32,7 @@ from cutfs.vfs.mounted import mounted
 if TYPE_CHECKING:
     from cutfs.codec.corpus import Corpus
     from cutfs.codec.cut_dataset import CutDataset
-    from cutfs.codec.packer import PackReport
+    from cutfs.codec.packing.packer import PackReport
 
 __all__ = ["CutDataset", "__version__", "mounted", "open", "pack"]
 
@@ -59,7 +59,7 @@ def pack(
     :class:`cutfs.codec.errors.CutfsError` for bad input; ``output`` is then untouched.
     """
     from cutfs.codec.catalogue.shard_writer import DEFAULT_SHARD_BYTES  # noqa: PLC0415
-    from cutfs.codec.packer import pack as pack_sources  # noqa: PLC0415 - keep import light
+    from cutfs.codec.packing.packer import pack as pack_sources  # noqa: PLC0415 - keep import light
 
     paths = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
     return pack_sources(

@@ -31,7 +31,7 @@ from cutfs.codec.audio.cut import seconds_to_frames
 from cutfs.codec.catalogue.path_escape import escape_id
 from cutfs.codec.catalogue.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDINGS_FILE
 from cutfs.codec.catalogue.shard_set import ShardSet
-from cutfs.codec.packer import pack
+from cutfs.codec.packing.packer import pack
 from cutfs.codec.storage.memory_advice import address_of
 
 CORPUS_SECONDS = 30.0

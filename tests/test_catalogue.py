@@ -22,7 +22,7 @@ from cutfs.codec.catalogue.path_escape import escape_id
 from cutfs.codec.catalogue.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDINGS_FILE
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import ShardFormatError, SourceError
-from cutfs.codec.packer import pack
+from cutfs.codec.packing.packer import pack
 from cutfs.vfs.cuts_view import CutsView
 from cutfs.vfs.manifests_view import SpilledText, WavScp
 from cutfs.vfs.view import CUT_DIRECTORY_BASE, CUT_INODE_BASE

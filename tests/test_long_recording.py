@@ -19,7 +19,7 @@ from corpus import synthesize
 from cutfs.codec.audio.decoder import DecodeTrace
 from cutfs.codec.catalogue.shard_format import RECORDINGS_FILE
 from cutfs.codec.catalogue.shard_set import ShardSet
-from cutfs.codec.packer import pack
+from cutfs.codec.packing.packer import pack
 
 HOURS = 2
 RATE = 8000

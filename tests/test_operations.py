@@ -20,7 +20,7 @@ from conftest import Reference, copy_and_damage
 from cutfs.codec.catalogue.shard_format import CUTS_FILE
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.catalogue.shard_writer import write_cut_catalogue
-from cutfs.codec.packer import pack
+from cutfs.codec.packing.packer import pack
 from cutfs.vfs import frame_source
 from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.decode_pool import DecodePool

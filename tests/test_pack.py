@@ -15,7 +15,7 @@ from conftest import Reference
 
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import SourceError
-from cutfs.codec.packer import pack
+from cutfs.codec.packing.packer import pack
 
 CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
 

@@ -330,7 +330,7 @@ def test_any_slice_of_a_resampled_signal_equals_resample_poly(
     st.sampled_from([8000, 16000, 22050, 44100, 48000, 768000]),
 )
 def test_vectorised_frames_round_as_lhotse_does(seconds: list[float], rate: int) -> None:
-    from cutfs.codec.partition_packer import _frames  # noqa: PLC0415 - the one place it is tested
+    from cutfs.codec.packing.partition_packer import _frames  # noqa: PLC0415 - the one place it is tested
 
     values = np.array(seconds, dtype=np.float64)
     got = _frames(values, np.full(len(values), rate, dtype=np.int64))

@@ -26,20 +26,20 @@ from cutfs.codec.catalogue.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.clean_start import absolute, clean_environment, python_command, restart_clean
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError
-from cutfs.codec.pack_commit import PackReport, commit_pack
-from cutfs.codec.pack_engines import (
+from cutfs.codec.packing.commit import PackReport, commit_pack
+from cutfs.codec.packing.engines import (
     LocalEngine,
     PackEngine,
     RayEngine,
     SlurmEngine,
     default_slurm_folder,
 )
-from cutfs.codec.pack_output import open_pack_output
-from cutfs.codec.pack_plan import make_plan
-from cutfs.codec.pack_progress import PackProgress
-from cutfs.codec.pack_status import read_status
-from cutfs.codec.packer import pack, pack_in_place
-from cutfs.codec.partition_packer import pack_partition
+from cutfs.codec.packing.output import open_pack_output
+from cutfs.codec.packing.packer import pack, pack_in_place
+from cutfs.codec.packing.partition_packer import pack_partition
+from cutfs.codec.packing.plan import make_plan
+from cutfs.codec.packing.progress import PackProgress
+from cutfs.codec.packing.status import read_status
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.object_store import is_remote

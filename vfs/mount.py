@@ -32,7 +32,7 @@ from cutfs.codec.clean_start import is_clean
 from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
-from cutfs.codec.pack_plan import refuse_uncommitted
+from cutfs.codec.packing.plan import refuse_uncommitted
 from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES, SourcePolicy
 from cutfs.codec.sources.source_index import SourceIndex, default_cache_root, prepare_index
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES

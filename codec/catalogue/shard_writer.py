@@ -40,7 +40,7 @@ class ShardWriter:
     exceeds that size by at most one recording.  Shards are numbered from
     ``first_shard`` (a partition of a pack writes the shard of its own number).
     :meth:`close` gives the recordings table; the catalogue and the manifest are
-    written by the pack's commit (:mod:`cutfs.codec.pack_commit`).
+    written by the pack's commit (:mod:`cutfs.codec.packing.commit`).
     """
 
     def __init__(

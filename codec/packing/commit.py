@@ -28,9 +28,9 @@ from cutfs.codec.catalogue.mapped_table import release_mapped_pages
 from cutfs.codec.catalogue.shard_format import CUTS_SCHEMA, MANIFEST_FILE, RECORDINGS_SCHEMA
 from cutfs.codec.catalogue.shard_writer import manifest_of, write_catalogue
 from cutfs.codec.errors import SourceError
-from cutfs.codec.pack_output import PackOutput
-from cutfs.codec.pack_plan import PLAN_CUTS, PLAN_FILE, PLAN_RECORDINGS, PackPlan, read_plan
-from cutfs.codec.partition_packer import PartitionResult, finished_partitions, part_name
+from cutfs.codec.packing.output import PackOutput
+from cutfs.codec.packing.partition_packer import PartitionResult, finished_partitions, part_name
+from cutfs.codec.packing.plan import PLAN_CUTS, PLAN_FILE, PLAN_RECORDINGS, PackPlan, read_plan
 
 #: Partial tables read at once by the commit.
 _TABLE_READERS: Final = 16

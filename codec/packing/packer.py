@@ -1,11 +1,11 @@
 """``cutfs pack``: from recordings and cuts to a shard directory, in three steps.
 
-1. **plan** (:mod:`cutfs.codec.pack_plan`): the sources are read and checked,
+1. **plan** (:mod:`cutfs.codec.packing.plan`): the sources are read and checked,
    and the recordings split into partitions of about one shard each;
-2. **run** (:mod:`cutfs.codec.partition_packer`): each partition's recordings
+2. **run** (:mod:`cutfs.codec.packing.partition_packer`): each partition's recordings
    are decoded once (exact length, seek index) and stored in its shard, by an
-   engine (:mod:`cutfs.codec.pack_engines`): this machine, Slurm or Ray;
-3. **commit** (:mod:`cutfs.codec.pack_commit`): the partial tables are
+   engine (:mod:`cutfs.codec.packing.engines`): this machine, Slurm or Ray;
+3. **commit** (:mod:`cutfs.codec.packing.commit`): the partial tables are
    merged into the catalogue and the manifest is written last.
 
 :func:`pack` runs all three on this machine into a temporary directory beside
@@ -23,12 +23,12 @@ import tempfile
 
 from cutfs.codec.catalogue.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.errors import SourceError
-from cutfs.codec.pack_commit import PackReport, commit_pack
-from cutfs.codec.pack_engines import LocalEngine, PackEngine
-from cutfs.codec.pack_output import LocalPackOutput, PackOutput, open_pack_output
-from cutfs.codec.pack_plan import make_plan
-from cutfs.codec.pack_progress import PackProgress, ProgressCallback
-from cutfs.codec.partition_packer import finished_partitions
+from cutfs.codec.packing.commit import PackReport, commit_pack
+from cutfs.codec.packing.engines import LocalEngine, PackEngine
+from cutfs.codec.packing.output import LocalPackOutput, PackOutput, open_pack_output
+from cutfs.codec.packing.partition_packer import finished_partitions
+from cutfs.codec.packing.plan import make_plan
+from cutfs.codec.packing.progress import PackProgress, ProgressCallback
 from cutfs.codec.storage.object_store import is_remote
 
 __all__ = ["PackProgress", "PackReport", "ProgressCallback", "pack", "pack_in_place"]

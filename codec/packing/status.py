@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
 from cutfs.codec.errors import SourceError
-from cutfs.codec.pack_output import PackOutput
-from cutfs.codec.pack_plan import PLAN_FILE, PackPlan, read_plan
-from cutfs.codec.partition_packer import finished_partitions, part_name
+from cutfs.codec.packing.output import PackOutput
+from cutfs.codec.packing.partition_packer import finished_partitions, part_name
+from cutfs.codec.packing.plan import PLAN_FILE, PackPlan, read_plan
 
 
 @dataclass(frozen=True, slots=True)

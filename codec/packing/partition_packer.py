@@ -1,7 +1,7 @@
 """One partition of a pack: its recordings indexed and stored in its shard.
 
 ``cutfs pack run OUT --partition I`` reads partition I's recordings and cuts
-from the plan (:mod:`cutfs.codec.pack_plan`), decodes each recording once
+from the plan (:mod:`cutfs.codec.packing.plan`), decodes each recording once
 (exact length, seek index; in a pool of ``jobs`` processes), appends its bytes
 to ``shard-IIIII.arrow``, checks every cut against the exact lengths, and
 writes the partition's partial tables.  Everything is built in a scratch
@@ -45,9 +45,9 @@ from cutfs.codec.catalogue.shard_format import CUTS_SCHEMA, shard_file_name, wri
 from cutfs.codec.catalogue.shard_writer import ShardWriter
 from cutfs.codec.command_runner import CommandLimits, run_command
 from cutfs.codec.errors import CutfsError, SourceError
-from cutfs.codec.pack_output import PackOutput
-from cutfs.codec.pack_plan import PackPlan, partition_inputs, read_plan
-from cutfs.codec.pack_progress import PackProgress, ProgressCallback
+from cutfs.codec.packing.output import PackOutput
+from cutfs.codec.packing.plan import PackPlan, partition_inputs, read_plan
+from cutfs.codec.packing.progress import PackProgress, ProgressCallback
 from cutfs.codec.sources import SourceRecording
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 from cutfs.codec.storage.object_store import ObjectStore, split_object_url
@@ -201,7 +201,7 @@ def pack_partition(
 def run_partition_task(output_uri: str, partition: int, jobs: int = 1) -> dict[str, Any]:
     """:func:`pack_partition` on the output named ``output_uri``, for an engine's worker
     (a Slurm array task, a Ray task, a pool process); returns the ``done`` marker's fields."""
-    from cutfs.codec.pack_output import open_pack_output  # noqa: PLC0415
+    from cutfs.codec.packing.output import open_pack_output  # noqa: PLC0415
 
     output = open_pack_output(output_uri)
     try:

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
 from cutfs.codec.errors import CutfsError, SourceError
-from cutfs.codec.pack_output import PackOutput
+from cutfs.codec.packing.output import PackOutput
 from cutfs.codec.sources import SourceCatalogue, SourceRecording, read_source
 from cutfs.codec.sources.catalogue import CUT_COLUMNS_SCHEMA, DeclaredAudio
 from cutfs.codec.storage.object_store import ObjectLocation, ObjectStore, split_object_url

@@ -1,6 +1,6 @@
 """Who runs a pack's partitions: this machine, a Slurm job array, or a Ray cluster.
 
-Every engine runs the same task, :func:`cutfs.codec.partition_packer.run_partition_task`,
+Every engine runs the same task, :func:`cutfs.codec.packing.partition_packer.run_partition_task`,
 once per partition that is not done yet, and reads nothing back but its small
 result: the audio goes from the sources to the output directly, never through
 the engine.  Because a partition's output depends only on the plan, engines
@@ -26,17 +26,17 @@ from multiprocessing import get_context
 from typing import Any, Final, Protocol
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.pack_commit import missing_partitions_message
-from cutfs.codec.pack_output import PackOutput
-from cutfs.codec.pack_plan import PackPlan
-from cutfs.codec.pack_progress import PackProgress, ProgressCallback
-from cutfs.codec.pack_status import failure, read_status
-from cutfs.codec.partition_packer import (
+from cutfs.codec.packing.commit import missing_partitions_message
+from cutfs.codec.packing.output import PackOutput
+from cutfs.codec.packing.partition_packer import (
     PartitionResult,
     finished_partitions,
     pack_partition,
     run_partition_task,
 )
+from cutfs.codec.packing.plan import PackPlan
+from cutfs.codec.packing.progress import PackProgress, ProgressCallback
+from cutfs.codec.packing.status import failure, read_status
 from cutfs.codec.storage.object_store import is_remote
 
 #: Seconds between two looks at a cluster's jobs.
