@@ -24,9 +24,9 @@ from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.packing.plan import refuse_uncommitted
-from cutfs.codec.source_policy import SourcePolicy
 from cutfs.codec.sources.source_index import SourceIndex, default_cache_root, prepare_index
 from cutfs.codec.storage.object_store import is_remote
+from cutfs.codec.trust.source_policy import SourcePolicy
 
 
 class Corpus:

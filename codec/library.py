@@ -23,7 +23,7 @@ from cutfs.codec.audio.pcm import Int16Array
 from cutfs.codec.audio.recording import Recording
 from cutfs.codec.catalogue.file_tree import FileTree
 from cutfs.codec.catalogue.kaldi_order import KaldiOrder
-from cutfs.codec.source_policy import SourcePolicy
+from cutfs.codec.trust.source_policy import SourcePolicy
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The ``cutfs`` command (and ``python -m cutfs``), started clean.
 
 Before anything else is imported, the process makes itself a clean start (see
-:mod:`cutfs.codec.clean_start`): an isolated interpreter, running from ``/`` with a minimal
+:mod:`cutfs.codec.trust.clean_start`): an isolated interpreter, running from ``/`` with a minimal
 environment, so that an administrator who runs ``cutfs`` from a directory a user can write
 runs none of that user's files, in this process or in any process it starts.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from cutfs.codec.clean_start import restart_clean
+from cutfs.codec.trust.clean_start import restart_clean
 
 
 def main() -> int:

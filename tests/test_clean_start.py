@@ -23,7 +23,7 @@ import pytest
 from conftest import CUTFS, Reference, is_mounted, unmount, wav_header
 from trust_helpers import give_to_other_user, needs_root, public_directory
 
-from cutfs.codec.clean_start import clean_environment, safe_search_path
+from cutfs.codec.trust.clean_start import clean_environment, safe_search_path
 
 FLAC = "flac_mono_16k.flac"
 

@@ -23,8 +23,6 @@ from cutfs import __version__
 from cutfs.codec.audio.output_format import OutputFormat
 from cutfs.codec.catalogue.shard_upgrade import upgrade_shards
 from cutfs.codec.catalogue.shard_writer import DEFAULT_SHARD_BYTES
-from cutfs.codec.clean_start import absolute, clean_environment, python_command, restart_clean
-from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.packing.commit import PackReport, commit_pack
 from cutfs.codec.packing.engines import (
@@ -40,9 +38,11 @@ from cutfs.codec.packing.partition_packer import pack_partition
 from cutfs.codec.packing.plan import make_plan
 from cutfs.codec.packing.progress import PackProgress
 from cutfs.codec.packing.status import read_status
-from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.object_store import is_remote
+from cutfs.codec.trust.clean_start import absolute, clean_environment, python_command, restart_clean
+from cutfs.codec.trust.command_runner import CommandLimits
+from cutfs.codec.trust.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
 from cutfs.vfs.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
 from cutfs.vfs.manpage import render_manpage

@@ -44,10 +44,10 @@ import trio
 from cutfs.codec.audio.decoder import DecodeTrace
 from cutfs.codec.audio.pcm import Int16Array
 from cutfs.codec.audio.recording import Recording
-from cutfs.codec.command_runner import announce_groups_to
 from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.library import Library, LibrarySpec
-from cutfs.codec.source_policy import SourcePolicy
+from cutfs.codec.trust.command_runner import announce_groups_to
+from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.request_slot import RequestSlot
 from cutfs.vfs.serving_user import ServingUser, as_root, kill_command_group
 from cutfs.vfs.statistics import Statistics

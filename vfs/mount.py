@@ -28,15 +28,15 @@ from cutfs.codec.audio.output_format import OutputFormat
 from cutfs.codec.catalogue.remote_shards import open_remote_shards
 from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
 from cutfs.codec.catalogue.shard_set import ShardSet
-from cutfs.codec.clean_start import is_clean
-from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.packing.plan import refuse_uncommitted
-from cutfs.codec.source_policy import DEFAULT_CACHE_QUOTA_BYTES, SourcePolicy
 from cutfs.codec.sources.source_index import SourceIndex, default_cache_root, prepare_index
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.object_store import is_remote
+from cutfs.codec.trust.clean_start import is_clean
+from cutfs.codec.trust.command_runner import CommandLimits
+from cutfs.codec.trust.source_policy import DEFAULT_CACHE_QUOTA_BYTES, SourcePolicy
 from cutfs.vfs import kernel_tuning
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
 from cutfs.vfs.device_channel import DeviceChannel

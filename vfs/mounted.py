@@ -2,7 +2,7 @@
 
 The mount is made by the ``cutfs`` command, exactly as a user would run it (a daemon in
 the background, ready when the command returns, started clean: see
-:mod:`cutfs.codec.clean_start`), and is always unmounted on the way out,
+:mod:`cutfs.codec.trust.clean_start`), and is always unmounted on the way out,
 errors included.  Options are the command's long options with ``_`` for ``-``:
 ``mounted(src, cache_size="2G", serving_processes=4, allow_other=True)`` runs
 ``cutfs mount --cache-size 2G --serving-processes 4 --allow-other src MOUNTPOINT``.
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from cutfs.codec.clean_start import clean_environment, python_command
 from cutfs.codec.errors import CutfsError
+from cutfs.codec.trust.clean_start import clean_environment, python_command
 
 
 class MountFailedError(CutfsError):

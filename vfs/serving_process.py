@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from cutfs.codec.catalogue.mapped_table import release_mapped_pages
-from cutfs.codec.source_policy import SourcePolicy
+from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.device_channel import DeviceChannel, clone_device, write_reply
 from cutfs.vfs.doorbell import Doorbell
 from cutfs.vfs.log_channel import LogChannel, handler

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from cutfs.codec.library import Library
-from cutfs.codec.source_policy import SourcePolicy
+from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.decode_pool import DecodePool
 from cutfs.vfs.doorbell import Doorbell

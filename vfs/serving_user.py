@@ -16,7 +16,7 @@ A source owned by root is read as root (it is the administrator's own), unless
 ``--user`` names someone else; a source that users besides its owner can write
 (a group- or world-writable directory, like ``/tmp``) is refused unless ``--user``
 says whom to read it as.  A command never runs in a process that has root in
-any of its ids (see :mod:`cutfs.codec.source_policy`), so ``--workers 0`` (decoding
+any of its ids (see :mod:`cutfs.codec.trust.source_policy`), so ``--workers 0`` (decoding
 in the daemon, which keeps root to unmount) is refused for a serving user.  See
 "Security model" in docs/operations.md.
 """
@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from cutfs.codec.command_runner import kill_group
+from cutfs.codec.trust.command_runner import kill_group
 
 log = logging.getLogger("cutfs.serving_user")
 

@@ -39,7 +39,7 @@ from cutfs.codec.audio.recording import Recording
 from cutfs.codec.audio.seek_index import SeekIndex
 from cutfs.codec.catalogue.recording_table import recording_from_row, recording_row
 from cutfs.codec.errors import CutfsError
-from cutfs.codec.limits import MAX_CHANNELS, MAX_FRAMES
+from cutfs.codec.trust.limits import MAX_CHANNELS, MAX_FRAMES
 
 #: The longest message a reader accepts: the largest PCM reply that may go through the
 #: pipe instead of the shared buffer, or a plan's seek index (a week of audio with a point
@@ -68,7 +68,7 @@ class Ready:
 @dataclass(frozen=True, slots=True)
 class CommandStarted:
     """The worker started a command in this process group
-    (see :mod:`cutfs.codec.command_runner`)."""
+    (see :mod:`cutfs.codec.trust.command_runner`)."""
 
     group: int
 

@@ -28,7 +28,7 @@ import numpy.typing as npt
 from cutfs.codec.audio.resampler import Resampler
 from cutfs.codec.audio.wav_layout import WavLayout
 from cutfs.codec.errors import UnsupportedAudioError
-from cutfs.codec.limits import MAX_SAMPLE_RATE_HZ
+from cutfs.codec.trust.limits import MAX_SAMPLE_RATE_HZ
 
 #: The largest term of a reduced rate ratio cutfs resamples (44.1 kHz to 16 kHz is 441/160;
 #: the filter has 20 taps per unit of the larger term, 40 001 here at most: 320 KB).

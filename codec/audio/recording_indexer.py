@@ -37,8 +37,8 @@ from cutfs.codec.audio.recording import DecodeMethod, FrameTiming, Recording
 from cutfs.codec.audio.riff import parse_riff_wave
 from cutfs.codec.audio.seek_index import SeekIndex
 from cutfs.codec.errors import CorruptDataError, UnsupportedAudioError
-from cutfs.codec.limits import check_shape
 from cutfs.codec.storage.blob import Blob
+from cutfs.codec.trust.limits import check_shape
 
 #: Container formats cutfs decodes by splicing, and how it knows where a
 #: decoded frame belongs (codecs in _COUNTED_CODECS excepted).

@@ -10,7 +10,7 @@ to the user) and mapped from there; only decoding, which runs in workers
 under a deadline, reads the shards themselves.  The key covers the
 manifest and the tables' (inode, size, modification time), so a changed
 directory gets a fresh copy.  The cache and the copies must be private to the
-daemon's user (:func:`cutfs.codec.private_directory.private_directory`): a copy
+daemon's user (:func:`cutfs.codec.trust.private_directory.private_directory`): a copy
 planted by someone else would be served.
 """
 
@@ -33,8 +33,8 @@ from cutfs.codec.catalogue.shard_format import (
     RECORDINGS_TREE,
 )
 from cutfs.codec.errors import SourceError
-from cutfs.codec.private_directory import private_directory
 from cutfs.codec.storage.local_store import file_stamp
+from cutfs.codec.trust.private_directory import private_directory
 
 #: File system types whose page faults may wait on a network (prefixes of
 #: /proc/self/mountinfo's type field: "fuse.sshfs", "nfs4", ...).

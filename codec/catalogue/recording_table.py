@@ -25,7 +25,7 @@ from cutfs.codec.audio.seek_index import SeekIndex
 from cutfs.codec.catalogue.mapped_table import ListColumn, StringColumn, int_view
 from cutfs.codec.errors import ShardFormatError
 from cutfs.codec.library import AudioShape
-from cutfs.codec.limits import MAX_CHANNELS, MAX_FRAMES, MAX_SAMPLE_RATE_HZ, check_shape
+from cutfs.codec.trust.limits import MAX_CHANNELS, MAX_FRAMES, MAX_SAMPLE_RATE_HZ, check_shape
 
 #: Plans kept built; each holds its seek index as views of the mapped table.
 PLANS_KEPT: Final = 4096

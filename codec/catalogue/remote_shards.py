@@ -31,7 +31,6 @@ from cutfs.codec.catalogue.shard_format import MANIFEST_FILE, is_plain_file_name
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.library import Library
-from cutfs.codec.source_policy import SourcePolicy
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES, DEFAULT_MEMORY_BYTES, CachingStore
 from cutfs.codec.storage.object_store import (
     ObjectLocation,
@@ -39,6 +38,7 @@ from cutfs.codec.storage.object_store import (
     ObjectStoreError,
     PinnedObject,
 )
+from cutfs.codec.trust.source_policy import SourcePolicy
 
 #: A manifest larger than this is not a cutfs manifest (it lists shards, not cuts).
 MAX_MANIFEST_BYTES: Final = 64 << 20

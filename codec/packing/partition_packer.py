@@ -43,7 +43,6 @@ from cutfs.codec.audio.recording_indexer import IndexedRecording, index_recordin
 from cutfs.codec.catalogue.mapped_table import release_mapped_pages
 from cutfs.codec.catalogue.shard_format import CUTS_SCHEMA, shard_file_name, write_table
 from cutfs.codec.catalogue.shard_writer import ShardWriter
-from cutfs.codec.command_runner import CommandLimits, run_command
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.packing.output import PackOutput
 from cutfs.codec.packing.plan import PackPlan, partition_inputs, read_plan
@@ -51,6 +50,7 @@ from cutfs.codec.packing.progress import PackProgress, ProgressCallback
 from cutfs.codec.sources import SourceRecording
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 from cutfs.codec.storage.object_store import ObjectStore, split_object_url
+from cutfs.codec.trust.command_runner import CommandLimits, run_command
 
 #: The largest object a recording in object storage may be (a sanity bound against a
 #: manifest naming some huge object; 36 hours of 48 kHz stereo FLAC is about 15 GB).

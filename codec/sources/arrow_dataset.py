@@ -33,7 +33,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.limits import parse_seconds
 from cutfs.codec.sources.catalogue import (
     CutColumns,
     Refusals,
@@ -43,6 +42,7 @@ from cutfs.codec.sources.catalogue import (
 )
 from cutfs.codec.sources.json_lines import json_lines
 from cutfs.codec.sources.tree import files_under
+from cutfs.codec.trust.limits import parse_seconds
 
 _ID_COLUMNS = ("id", "recording_id", "key", "__key__")
 _SEGMENT_LISTS = ("segments.jsonl", "segments.csv", "segments.tsv")

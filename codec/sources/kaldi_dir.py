@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.limits import parse_seconds
 from cutfs.codec.sources.catalogue import (
     CutColumns,
     Refusals,
@@ -20,6 +19,7 @@ from cutfs.codec.sources.catalogue import (
     SourceCut,
     SourceRecording,
 )
+from cutfs.codec.trust.limits import parse_seconds
 
 
 def is_kaldi_dir(path: str) -> bool:

@@ -16,9 +16,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from cutfs.codec.clean_start import absolute
 from cutfs.codec.errors import SourceError
-from cutfs.codec.limits import MAX_CHANNELS, check_seconds, check_shape
 from cutfs.codec.sources.catalogue import (
     CutColumns,
     DeclaredAudio,
@@ -29,6 +27,8 @@ from cutfs.codec.sources.catalogue import (
 )
 from cutfs.codec.sources.json_lines import json_lines
 from cutfs.codec.storage.object_store import is_remote, split_object_url
+from cutfs.codec.trust.clean_start import absolute
+from cutfs.codec.trust.limits import MAX_CHANNELS, check_seconds, check_shape
 
 _SUPERVISION_FIELDS = ("speaker", "text", "language", "gender")
 

@@ -64,17 +64,8 @@ from cutfs.codec.catalogue.shard_format import (
     read_table,
     write_table,
 )
-from cutfs.codec.command_runner import run_command
 from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
 from cutfs.codec.library import AudioShape, LibrarySpec
-from cutfs.codec.limits import (
-    MAX_CHANNELS,
-    MAX_FRAMES,
-    MAX_RECORDING_SECONDS,
-    MAX_SAMPLE_RATE_HZ,
-)
-from cutfs.codec.private_directory import private_directory
-from cutfs.codec.source_policy import SourcePolicy, check_may_run_commands_here
 from cutfs.codec.sources import Refusals, SourceCatalogue, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 from cutfs.codec.sources.audio_dir import AUDIO_EXTENSIONS
@@ -83,6 +74,15 @@ from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.local_store import LocalStore, file_version
 from cutfs.codec.storage.object_store import DEFAULT_STORE_DEADLINE_SECONDS, is_remote
 from cutfs.codec.storage.routing_store import RoutingStore
+from cutfs.codec.trust.command_runner import run_command
+from cutfs.codec.trust.limits import (
+    MAX_CHANNELS,
+    MAX_FRAMES,
+    MAX_RECORDING_SECONDS,
+    MAX_SAMPLE_RATE_HZ,
+)
+from cutfs.codec.trust.private_directory import private_directory
+from cutfs.codec.trust.source_policy import SourcePolicy, check_may_run_commands_here
 
 INDEX_FILE: Final = "source-index.json"
 INDEX_FORMAT: Final = "cutfs-source-index"

@@ -21,7 +21,6 @@ import tarfile
 from typing import Any
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.limits import check_seconds, check_shape
 from cutfs.codec.sources.catalogue import (
     CutColumns,
     DeclaredAudio,
@@ -32,6 +31,7 @@ from cutfs.codec.sources.catalogue import (
 )
 from cutfs.codec.sources.json_lines import json_lines
 from cutfs.codec.sources.tree import files_under
+from cutfs.codec.trust.limits import check_seconds, check_shape
 
 AUDIO_MEMBER_EXTENSIONS = frozenset(
     {"wav", "flac", "mp3", "ogg", "oga", "opus", "m4a", "aac", "mp4", "webm", "mka", "sph"}

@@ -6,7 +6,7 @@ starting, and a link to ``/`` does not pull the whole machine in), and it
 keeps only regular files: a FIFO named ``x.wav`` would block the reader that
 opens it, a device would read forever.  Links to files are kept here;
 whether their targets lie where the mount may read is checked when they are
-opened (:mod:`cutfs.codec.source_policy`).
+opened (:mod:`cutfs.codec.trust.source_policy`).
 """
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ class LocalStore:
         opener: Callable[[str], int] | None = None,
     ) -> None:
         """``opener`` opens a path for reading and returns a descriptor; the default
-        refuses anything but a regular file (see :class:`cutfs.codec.source_policy.SourcePolicy`
-        for one that also confines paths)."""
+        refuses anything but a regular file (see
+        :class:`cutfs.codec.trust.source_policy.SourcePolicy` for one that also confines
+        paths)."""
         self._directory = directory
         self._max_open_maps = max_open_maps
         self._opener = opener or _open_regular_file

@@ -12,7 +12,7 @@ parent-death signal, and the group is announced through
 output file.
 
 Whether a command may run at all is decided by
-:class:`cutfs.codec.source_policy.SourcePolicy`, not here.
+:class:`cutfs.codec.trust.source_policy.SourcePolicy`, not here.
 """
 
 from __future__ import annotations

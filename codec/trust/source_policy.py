@@ -14,7 +14,7 @@ as root.  The policy confines what their contents can reach:
   unless allowed.  When allowed, the file that defines them must belong to
   the user the daemon runs as, be writable by nobody else, and not belong
   to root; the command runs as that user with the limits of
-  :class:`cutfs.codec.command_runner.CommandLimits`.
+  :class:`cutfs.codec.trust.command_runner.CommandLimits`.
 * **Objects** in object storage (Lhotse ``url`` sources) are fetched, with the
   daemon's credentials and endpoint, only beneath the prefixes an administrator
   allows (``--allow-objects s3://bucket/prefix/``); none by default.
@@ -31,9 +31,9 @@ import stat
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from cutfs.codec.command_runner import CommandLimits
 from cutfs.codec.errors import SourceError
 from cutfs.codec.storage.object_store import split_object_url
+from cutfs.codec.trust.command_runner import CommandLimits
 
 #: Default of ``--index-cache-size``.
 DEFAULT_CACHE_QUOTA_BYTES: Final = 8 << 30
