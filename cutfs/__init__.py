@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
 
-from cutfs.vfs.mounted import mounted
+from cutfs.vfs.cli.mounted import mounted
 
 if TYPE_CHECKING:
     from cutfs.codec.corpus import Corpus

@@ -15,7 +15,7 @@ from cutfs.codec.trust.clean_start import restart_clean
 
 def main() -> int:
     restart_clean("cutfs.vfs.cli", sys.argv[1:])
-    from cutfs.vfs.cli import main as command  # noqa: PLC0415 - only in a clean start
+    from cutfs.vfs.cli.command import main as command  # noqa: PLC0415 - only in a clean start
 
     return command()
 

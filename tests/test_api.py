@@ -14,7 +14,7 @@ from conftest import Reference, S3Server, cut_plan, expected_cut, needs_fuse
 
 import cutfs
 from cutfs.codec.audio.cut import seconds_to_frames
-from cutfs.vfs.mounted import MountFailedError
+from cutfs.vfs.cli.mounted import MountFailedError
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 

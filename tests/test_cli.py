@@ -15,7 +15,7 @@ import pytest
 from conftest import CUTFS, mounted, needs_fuse
 from prometheus_client.parser import text_string_to_metric_families
 
-from cutfs.vfs.cli import _parser
+from cutfs.vfs.cli.command import _parser
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 

@@ -24,7 +24,7 @@ def test_wheel_installs_only_the_cutfs_package(tmp_path: Path) -> None:
     assert {name for name in top_level if not name.endswith(".dist-info")} == {"cutfs"}
     # the links resolve into real files in the wheel: the library and the filesystem ship
     assert "cutfs/codec/packer.py" in names
-    assert "cutfs/vfs/cli.py" in names
+    assert "cutfs/vfs/cli/command.py" in names
     assert "cutfs/codec/sources/lhotse_manifest.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     with zipfile.ZipFile(wheel) as archive:

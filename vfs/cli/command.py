@@ -1,4 +1,4 @@
-"""The ``cutfs`` command: ``pack``, ``mount`` and ``umount``."""
+"""The ``cutfs`` command: its parser and what each of its subcommands does."""
 
 from __future__ import annotations
 
@@ -40,12 +40,12 @@ from cutfs.codec.packing.progress import PackProgress
 from cutfs.codec.packing.status import read_status
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.object_store import is_remote
-from cutfs.codec.trust.clean_start import absolute, clean_environment, python_command, restart_clean
+from cutfs.codec.trust.clean_start import absolute, clean_environment, python_command
 from cutfs.codec.trust.command_runner import CommandLimits
 from cutfs.codec.trust.source_policy import DEFAULT_CACHE_QUOTA_BYTES
+from cutfs.vfs.cli.manpage import render_manpage
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
 from cutfs.vfs.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
-from cutfs.vfs.manpage import render_manpage
 from cutfs.vfs.mount import (
     DEFAULT_PROCESSES_IN_TURN,
     ExitCode,
@@ -1247,8 +1247,3 @@ def _upgrade(args: argparse.Namespace) -> int:
 def _umount(args: argparse.Namespace) -> int:
     result = subprocess.run(["fusermount3", "-u", args.mountpoint], check=False)
     return result.returncode
-
-
-if __name__ == "__main__":
-    restart_clean("cutfs.vfs.cli", sys.argv[1:])
-    sys.exit(main())
