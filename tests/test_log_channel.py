@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cutfs.vfs.log_channel import LogChannel, handler
+from cutfs.vfs.daemon.log_channel import LogChannel, handler
 
 
 class _Hostile:

@@ -39,7 +39,7 @@ from conftest import (
 from corpus import wav_header
 
 from cutfs.codec.catalogue.path_escape import unescape_path
-from cutfs.vfs import kernel_tuning
+from cutfs.vfs.daemon import kernel_tuning
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 

@@ -48,8 +48,8 @@ from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.sources import Refusals, read_source
 from cutfs.codec.sources.source_index import SourceIndex, prepare_index
+from cutfs.vfs.daemon.serving_user import ServingUser, acting_as, kill_command_group
 from cutfs.vfs.decode_pool import DecodePool, WorkerDiedError
-from cutfs.vfs.serving_user import ServingUser, acting_as, kill_command_group
 
 pytestmark = [pytest.mark.mount, needs_fuse, needs_root]
 

@@ -17,7 +17,7 @@ With ``workers=0`` decoding runs in trio worker threads in this process
 (tests, small mounts).  A thread stuck on storage cannot be killed: it is
 abandoned at the deadline.
 
-With a :class:`~cutfs.vfs.request_slot.RequestSlot` (``in_turn``) decoding runs
+With a :class:`~cutfs.vfs.daemon.request_slot.RequestSlot` (``in_turn``) decoding runs
 in the caller itself, a serving process that answers one request at a time
 (``--decode-in-turn``): no hand-off at all.  The deadline is then the
 daemon's to keep, through the slot: it kills a process past it.
@@ -48,8 +48,8 @@ from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.library import Library, LibrarySpec
 from cutfs.codec.trust.command_runner import announce_groups_to
 from cutfs.codec.trust.source_policy import SourcePolicy
-from cutfs.vfs.request_slot import RequestSlot
-from cutfs.vfs.serving_user import ServingUser, as_root, kill_command_group
+from cutfs.vfs.daemon.request_slot import RequestSlot
+from cutfs.vfs.daemon.serving_user import ServingUser, as_root, kill_command_group
 from cutfs.vfs.statistics import Statistics
 from cutfs.vfs.worker_message import (
     MOST_MESSAGE_BYTES,
@@ -113,7 +113,7 @@ class DecodePool:
     ) -> None:
         """``policy`` is what the library was opened with; ``user``, when given, is
         whom the worker processes become before they open it (see
-        :mod:`cutfs.vfs.serving_user`).  ``in_turn``: decode in the caller, and give
+        :mod:`cutfs.vfs.daemon.serving_user`).  ``in_turn``: decode in the caller, and give
         indexing its longer deadline through this slot (``workers`` must be 0)."""
         if in_turn is not None and workers:
             raise ValueError("a pool decoding in the caller has no workers")

@@ -45,12 +45,12 @@ from typing import Any, Final
 import pyfuse3
 import trio
 
-from cutfs.vfs import kernel_tuning
-from cutfs.vfs.doorbell import Doorbell
+from cutfs.vfs.daemon import kernel_tuning
+from cutfs.vfs.daemon.doorbell import Doorbell
+from cutfs.vfs.daemon.request_slot import RequestSlot
 from cutfs.vfs.filesystem import ReadBuffers
 from cutfs.vfs.operations import Operations
 from cutfs.vfs.page_pusher import MOST_PUSH_BYTES, PagePusher
-from cutfs.vfs.request_slot import RequestSlot
 
 log = logging.getLogger("cutfs.device_channel")
 

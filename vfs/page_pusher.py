@@ -101,7 +101,7 @@ class PagePusher:
         that read is answered, and once the loop has stopped, nothing in this process
         answers it.  The kernel then ends neither (the thread's write keeps the
         descriptor open, and with it the connection, past the unmount): the caller
-        must abort the connection (:func:`cutfs.vfs.kernel_tuning.abort_connection`).
+        must abort the connection (:func:`cutfs.vfs.daemon.kernel_tuning.abort_connection`).
         """
         while True:
             try:

@@ -12,7 +12,7 @@ processes were counted.
 
 So that a read shows what every process has counted up to that moment, the
 process answering it first publishes its own figures, then rings the others'
-doorbells (:mod:`cutfs.vfs.doorbell`) and waits for their files to be replaced,
+doorbells (:mod:`cutfs.vfs.daemon.doorbell`) and waits for their files to be replaced,
 at most :data:`FRESH_WAIT_SECONDS` (a process answers between two requests).
 Publishing its own first also keeps the counters from going back when two
 reads in a row are answered by different processes.
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from cutfs.vfs.doorbell import Doorbell
+from cutfs.vfs.daemon.doorbell import Doorbell
 from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.statistics_board")

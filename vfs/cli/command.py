@@ -44,15 +44,15 @@ from cutfs.codec.trust.clean_start import absolute, clean_environment, python_co
 from cutfs.codec.trust.command_runner import CommandLimits
 from cutfs.codec.trust.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.vfs.cli.manpage import render_manpage
-from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
-from cutfs.vfs.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
-from cutfs.vfs.mount import (
+from cutfs.vfs.daemon.mount import (
     DEFAULT_PROCESSES_IN_TURN,
     ExitCode,
     MountError,
     MountOptions,
     serve,
 )
+from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
+from cutfs.vfs.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
 from cutfs.vfs.operations import Ownership
 
 log = logging.getLogger("cutfs")

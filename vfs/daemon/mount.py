@@ -37,13 +37,8 @@ from cutfs.codec.storage.object_store import is_remote
 from cutfs.codec.trust.clean_start import is_clean
 from cutfs.codec.trust.command_runner import CommandLimits
 from cutfs.codec.trust.source_policy import DEFAULT_CACHE_QUOTA_BYTES, SourcePolicy
-from cutfs.vfs import kernel_tuning
-from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
-from cutfs.vfs.device_channel import DeviceChannel
-from cutfs.vfs.filesystem import Windows
-from cutfs.vfs.frame_source import FrameSource
-from cutfs.vfs.operations import Ownership
-from cutfs.vfs.serving_process import (
+from cutfs.vfs.daemon import kernel_tuning
+from cutfs.vfs.daemon.serving_process import (
     ServingProcesses,
     ServingSetup,
     mount_device_fd,
@@ -54,14 +49,19 @@ from cutfs.vfs.serving_process import (
     shared_snapshots_path,
     shared_spans_path,
 )
-from cutfs.vfs.serving_stack import ProcessShare, ServingStack
-from cutfs.vfs.serving_user import (
+from cutfs.vfs.daemon.serving_stack import ProcessShare, ServingStack
+from cutfs.vfs.daemon.serving_user import (
     ServingUser,
     ServingUserError,
     acting_as,
     as_root,
     serving_user,
 )
+from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
+from cutfs.vfs.device_channel import DeviceChannel
+from cutfs.vfs.filesystem import Windows
+from cutfs.vfs.frame_source import FrameSource
+from cutfs.vfs.operations import Ownership
 from cutfs.vfs.span_table import SharedSpanTable
 from cutfs.vfs.statistics_board import StatisticsBoard
 

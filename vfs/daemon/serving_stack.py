@@ -2,7 +2,7 @@
 
 The daemon builds one; each extra serving process of ``--serving-processes``
 builds its own from the same source and options (see
-:mod:`cutfs.vfs.serving_process`), with its share of the decoder workers and
+:mod:`cutfs.vfs.daemon.serving_process`), with its share of the decoder workers and
 of the block cache, so that the memory of a mount stays what was configured
 however many processes serve it.
 """
@@ -18,20 +18,20 @@ from typing import TYPE_CHECKING, Any
 from cutfs.codec.library import Library
 from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.block_cache import BlockCache
+from cutfs.vfs.daemon.doorbell import Doorbell
+from cutfs.vfs.daemon.request_slot import RequestSlot
+from cutfs.vfs.daemon.serving_user import ServingUser
 from cutfs.vfs.decode_pool import DecodePool
-from cutfs.vfs.doorbell import Doorbell
 from cutfs.vfs.filesystem import Filesystem
 from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.operations import Operations
 from cutfs.vfs.prometheus import render_metrics
-from cutfs.vfs.request_slot import RequestSlot
-from cutfs.vfs.serving_user import ServingUser
 from cutfs.vfs.snapshot_store import SnapshotStore
 from cutfs.vfs.statistics import Statistics
 from cutfs.vfs.statistics_board import StatisticsBoard
 
 if TYPE_CHECKING:
-    from cutfs.vfs.mount import MountOptions
+    from cutfs.vfs.daemon.mount import MountOptions
 
 
 @dataclass(frozen=True)

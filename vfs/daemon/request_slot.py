@@ -14,7 +14,7 @@ system's monotonic clock (the same in every process), and the process group of
 a source's command the request started, if any: the daemon kills that group
 with a process it kills (the command would outlive it), with the serving
 user's ids only, since the number comes from a process that parses others'
-media (see :func:`~cutfs.vfs.serving_user.kill_command_group`).  Writes are not atomic
+media (see :func:`~cutfs.vfs.daemon.serving_user.kill_command_group`).  Writes are not atomic
 as a whole: the daemon acts only on a request it saw past its deadline twice,
 one watch interval apart, so a half-written slot is never acted on.
 """

@@ -3,7 +3,7 @@
 The daemon mounts through pyfuse3 but does not run its loop: it answers the
 kernel's INIT itself, then starts ``N - 1`` serving processes, handing each a
 clone of its ``/dev/fuse`` descriptor.  Each opens the same
-source, builds its own :class:`~cutfs.vfs.serving_stack.ServingStack` (its
+source, builds its own :class:`~cutfs.vfs.daemon.serving_stack.ServingStack` (its
 share of the decoder workers and of the block cache) and answers requests
 through a :class:`~cutfs.vfs.device_channel.DeviceChannel`, as the daemon
 does on a clone of its own.  The kernel gives each request to whichever
@@ -16,7 +16,7 @@ its set-up, which would only repeat: the others go on serving).
 
 With ``--decode-in-turn`` the processes decode what they serve, one request
 at a time, and the daemon serves nothing after INIT: it keeps a copy of each
-process's descriptor and a :class:`~cutfs.vfs.request_slot.RequestSlot`, kills
+process's descriptor and a :class:`~cutfs.vfs.daemon.request_slot.RequestSlot`, kills
 a process past its request's deadline and answers that request ``EIO``, as it
 does the request of a process that died (see :meth:`ServingProcesses.supervise`).  The
 daemon stops the processes when it unmounts; a process whose mount goes
@@ -54,17 +54,17 @@ import trio
 
 from cutfs.codec.catalogue.mapped_table import release_mapped_pages
 from cutfs.codec.trust.source_policy import SourcePolicy
+from cutfs.vfs.daemon.doorbell import Doorbell
+from cutfs.vfs.daemon.log_channel import LogChannel, handler
+from cutfs.vfs.daemon.request_slot import RequestSlot
+from cutfs.vfs.daemon.serving_stack import ProcessShare, ServingStack
+from cutfs.vfs.daemon.serving_user import ServingUser, acting_as, as_root, kill_command_group
 from cutfs.vfs.device_channel import DeviceChannel, clone_device, write_reply
-from cutfs.vfs.doorbell import Doorbell
-from cutfs.vfs.log_channel import LogChannel, handler
-from cutfs.vfs.request_slot import RequestSlot
-from cutfs.vfs.serving_stack import ProcessShare, ServingStack
-from cutfs.vfs.serving_user import ServingUser, acting_as, as_root, kill_command_group
 from cutfs.vfs.statistics import Statistics
 from cutfs.vfs.statistics_board import StatisticsBoard
 
 if TYPE_CHECKING:
-    from cutfs.vfs.mount import MountOptions
+    from cutfs.vfs.daemon.mount import MountOptions
 
 log = logging.getLogger("cutfs.serving_process")
 
@@ -421,7 +421,7 @@ def _serve_clone(
     slot: RequestSlot | None,
 ) -> None:
     # Imported here, not at the top: the mount module imports this one to start the processes.
-    from cutfs.vfs.mount import open_source  # noqa: PLC0415
+    from cutfs.vfs.daemon.mount import open_source  # noqa: PLC0415
 
     options = setup.options
     with ExitStack() as stack:
