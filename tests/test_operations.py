@@ -26,7 +26,7 @@ from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.decode_pool import DecodePool
 from cutfs.vfs.filesystem import Filesystem
 from cutfs.vfs.frame_source import FrameSource
-from cutfs.vfs.operations import Operations
+from cutfs.vfs.fuse.operations import Operations
 from cutfs.vfs.statistics import Statistics
 from cutfs.vfs.view import ROOT_INODE
 

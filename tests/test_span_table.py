@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cutfs.vfs.fs_error import FsError
+from cutfs.vfs.fuse.fs_error import FsError
 from cutfs.vfs.span_table import SharedSpanTable, SpanTable
 
 Table = SpanTable | SharedSpanTable

@@ -1,6 +1,6 @@
 """``.cutfs/``: the daemon's counters, as JSON (``stats``) and in Prometheus' text format
 (``metrics``), rendered afresh on every lookup (each gets a snapshot: see
-:mod:`cutfs.vfs.operations`)."""
+:mod:`cutfs.vfs.fuse.operations`)."""
 
 from __future__ import annotations
 

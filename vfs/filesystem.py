@@ -22,7 +22,7 @@ reading frames under the request's deadline, and resampling.
 Every file is immutable for the life of the mount.  Errors the kernel should
 see are raised as :class:`FsError` with an errno value; failures to produce
 audio propagate as :class:`cutfs.codec.errors.CutfsError`.  Turning those into
-errno values is the job of :mod:`cutfs.vfs.operations`, the one boundary.
+errno values is the job of :mod:`cutfs.vfs.fuse.operations`, the one boundary.
 
 A library served in place may not know a recording's length until it is
 indexed: sizes are then found on lookup (``getattr``), which has a worker
@@ -54,7 +54,7 @@ from cutfs.vfs.control_view import CONTROL_DIR, METRICS_FILE, STATS_FILE, Contro
 from cutfs.vfs.cuts_view import CUTS_DIR, CutsView
 from cutfs.vfs.decode_pool import DecodeDeadlineError
 from cutfs.vfs.frame_source import FrameSource
-from cutfs.vfs.fs_error import FsError
+from cutfs.vfs.fuse.fs_error import FsError
 from cutfs.vfs.manifest_files import ManifestFiles
 from cutfs.vfs.manifests_view import ManifestsView, WavScp
 from cutfs.vfs.recordings_view import RecordingsView
@@ -427,7 +427,7 @@ class Filesystem:
         now: the conversion (an output format's float samples, a downmix) can run in
         another thread, off the loop.  A read decodes on to the end of its cut (see
         :meth:`_samples`), so after the first read of a cut this is the rest of it, for
-        the kernel's page cache (see :class:`~cutfs.vfs.page_pusher.PagePusher`).
+        the kernel's page cache (see :class:`~cutfs.vfs.fuse.page_pusher.PagePusher`).
         """
         if offset < 0 or offset % PAGE_BYTES or self._kind(inode) is not NodeKind.WAV:
             return None

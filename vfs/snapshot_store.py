@@ -2,7 +2,7 @@
 
 A reader of ``.cutfs/stats`` must see one consistent text however many reads
 it takes, so each lookup of it answers a new inode whose text is rendered then
-(:mod:`cutfs.vfs.operations`), and reads of that inode are served from here.
+(:mod:`cutfs.vfs.fuse.operations`), and reads of that inode are served from here.
 When several processes serve a mount, the lookup and the reads of one snapshot
 may reach different processes: the snapshot is then also written to a
 directory the processes share, where any of them finds it.  At most

@@ -24,7 +24,7 @@ from typing import Final
 
 import numpy as np
 
-from cutfs.vfs.fs_error import FsError
+from cutfs.vfs.fuse.fs_error import FsError
 
 #: Ranges held at once by default (about 200 bytes each).
 DEFAULT_CAPACITY: Final = 100_000

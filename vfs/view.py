@@ -36,7 +36,7 @@ from typing import Final, Protocol
 
 from cutfs.codec.audio.cut import seconds_to_frames
 from cutfs.codec.library import AudioShape
-from cutfs.vfs.fs_error import FsError
+from cutfs.vfs.fuse.fs_error import FsError
 
 ROOT_INODE: Final = 1
 MANIFEST_INODE_BASE: Final = 2

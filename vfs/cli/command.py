@@ -53,7 +53,7 @@ from cutfs.vfs.daemon.mount import (
 )
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
 from cutfs.vfs.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
-from cutfs.vfs.operations import Ownership
+from cutfs.vfs.fuse.operations import Ownership
 
 log = logging.getLogger("cutfs")
 

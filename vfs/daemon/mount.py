@@ -58,10 +58,10 @@ from cutfs.vfs.daemon.serving_user import (
     serving_user,
 )
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
-from cutfs.vfs.device_channel import DeviceChannel
 from cutfs.vfs.filesystem import Windows
 from cutfs.vfs.frame_source import FrameSource
-from cutfs.vfs.operations import Ownership
+from cutfs.vfs.fuse.device_channel import DeviceChannel
+from cutfs.vfs.fuse.operations import Ownership
 from cutfs.vfs.span_table import SharedSpanTable
 from cutfs.vfs.statistics_board import StatisticsBoard
 
@@ -453,7 +453,7 @@ async def _serve(
     answered (when the processes decode in turn, once they serve).
 
     pyfuse3 mounted and will unmount, but its loop never runs (see
-    :mod:`cutfs.vfs.device_channel` for why): the daemon answers the kernel's INIT
+    :mod:`cutfs.vfs.fuse.device_channel` for why): the daemon answers the kernel's INIT
     itself, before any clone exists.
     """
     mount_fd = mount_device_fd()

@@ -5,7 +5,7 @@ kernel's INIT itself, then starts ``N - 1`` serving processes, handing each a
 clone of its ``/dev/fuse`` descriptor.  Each opens the same
 source, builds its own :class:`~cutfs.vfs.daemon.serving_stack.ServingStack` (its
 share of the decoder workers and of the block cache) and answers requests
-through a :class:`~cutfs.vfs.device_channel.DeviceChannel`, as the daemon
+through a :class:`~cutfs.vfs.fuse.device_channel.DeviceChannel`, as the daemon
 does on a clone of its own.  The kernel gives each request to whichever
 process reads it first, so one mountpoint is served by N event loops.
 
@@ -59,7 +59,7 @@ from cutfs.vfs.daemon.log_channel import LogChannel, handler
 from cutfs.vfs.daemon.request_slot import RequestSlot
 from cutfs.vfs.daemon.serving_stack import ProcessShare, ServingStack
 from cutfs.vfs.daemon.serving_user import ServingUser, acting_as, as_root, kill_command_group
-from cutfs.vfs.device_channel import DeviceChannel, clone_device, write_reply
+from cutfs.vfs.fuse.device_channel import DeviceChannel, clone_device, write_reply
 from cutfs.vfs.statistics import Statistics
 from cutfs.vfs.statistics_board import StatisticsBoard
 

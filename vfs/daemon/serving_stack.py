@@ -24,7 +24,7 @@ from cutfs.vfs.daemon.serving_user import ServingUser
 from cutfs.vfs.decode_pool import DecodePool
 from cutfs.vfs.filesystem import Filesystem
 from cutfs.vfs.frame_source import FrameSource
-from cutfs.vfs.operations import Operations
+from cutfs.vfs.fuse.operations import Operations
 from cutfs.vfs.prometheus import render_metrics
 from cutfs.vfs.snapshot_store import SnapshotStore
 from cutfs.vfs.statistics import Statistics

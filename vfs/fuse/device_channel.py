@@ -49,8 +49,8 @@ from cutfs.vfs.daemon import kernel_tuning
 from cutfs.vfs.daemon.doorbell import Doorbell
 from cutfs.vfs.daemon.request_slot import RequestSlot
 from cutfs.vfs.filesystem import ReadBuffers
-from cutfs.vfs.operations import Operations
-from cutfs.vfs.page_pusher import MOST_PUSH_BYTES, PagePusher
+from cutfs.vfs.fuse.operations import Operations
+from cutfs.vfs.fuse.page_pusher import MOST_PUSH_BYTES, PagePusher
 
 log = logging.getLogger("cutfs.device_channel")
 
@@ -241,7 +241,7 @@ class DeviceChannel:
         self._mountpoint = mountpoint
         self._buffer = bytearray(_READ_BUFFER_BYTES)
         #: Stores what a read's decode left cached past it in the kernel's page cache,
-        #: while the channel serves (see :mod:`cutfs.vfs.page_pusher`).
+        #: while the channel serves (see :mod:`cutfs.vfs.fuse.page_pusher`).
         self._pusher: PagePusher | None = None
         #: How long a read's reply waits for the push of the file's rest (0: not at all;
         #: see :meth:`serve_in_turn`).
@@ -352,7 +352,7 @@ class DeviceChannel:
         # the reader's next read, made as soon as it has the reply, most often comes
         # before the pages are stored, and may reach another process, which decodes the
         # cut again.  A push can wait on a page that a read in flight holds (see
-        # :mod:`cutfs.vfs.page_pusher`), which another process, or this one after the
+        # :mod:`cutfs.vfs.fuse.page_pusher`), which another process, or this one after the
         # timeout, answers: so the wait is bounded.
         self._push_wait_seconds = _PUSH_WAIT_SECONDS
         with self._pushing(), contextlib.closing(waiting):

@@ -13,7 +13,7 @@ The kernel locks each page it stores into, and waits for a page locked by a
 read in flight, which only a serving loop can answer: so the pusher is a thread
 of its own, which may wait, and the loop never waits for it without a bound (a
 process decoding in turn has a read's reply wait for its push, briefly: see
-:meth:`cutfs.vfs.device_channel.DeviceChannel.serve_in_turn`).  At the end, a
+:meth:`cutfs.vfs.fuse.device_channel.DeviceChannel.serve_in_turn`).  At the end, a
 pusher still waiting so has the connection aborted (see :meth:`PagePusher.close`).  A push that
 cannot be queued (the queue is full) is dropped: the kernel then reads as
 usual.  Memory is bounded by the queue: four pushes of at most 8 MiB of frames

@@ -13,7 +13,7 @@ answered ``ENOSYS``: the kernel then opens every file of the mount without
 asking (zero-message opens, ``FUSE_NO_OPEN_SUPPORT``), sends no RELEASE, and
 keeps file contents in the page cache across opens.  A cold cut then costs a
 LOOKUP and its READs, a warm one nothing.  Reads name their file by inode (the
-:class:`~cutfs.vfs.device_channel.DeviceChannel` passes the inode where the
+:class:`~cutfs.vfs.fuse.device_channel.DeviceChannel` passes the inode where the
 kernel sent file handle 0).  With ``direct_io`` the kernel must be told per open,
 so opens are answered, with the inode as the file handle.
 
@@ -248,7 +248,7 @@ class Operations(pyfuse3.Operations):
     async def read(self, inode: int, off: int, size: int) -> ReadBuffers:  # type: ignore[override]
         """Bytes of the file ``inode`` (its file handle, when opens are answered), as
         buffers to be written out in order (see :meth:`Filesystem.read_buffers`): the
-        :class:`~cutfs.vfs.device_channel.DeviceChannel` answers reads, not pyfuse3."""
+        :class:`~cutfs.vfs.fuse.device_channel.DeviceChannel` answers reads, not pyfuse3."""
         if inode & _SNAPSHOT_INODES:
             return [(await self._snapshot(inode))[off : off + size]]
         started = time.perf_counter()
