@@ -23,9 +23,9 @@ from cutfs.codec.catalogue.shard_format import CUTS_FILE, MANIFEST_FILE, RECORDI
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.packing.packer import pack
-from cutfs.vfs.cuts_view import CutsView
-from cutfs.vfs.manifests_view import SpilledText, WavScp
-from cutfs.vfs.view import CUT_DIRECTORY_BASE, CUT_INODE_BASE
+from cutfs.vfs.tree.cuts_view import CutsView
+from cutfs.vfs.tree.manifests_view import SpilledText, WavScp
+from cutfs.vfs.tree.view import CUT_DIRECTORY_BASE, CUT_INODE_BASE
 
 IDS = [
     "spk2/utt-b",

@@ -22,9 +22,9 @@ from cutfs.codec.errors import CutfsError
 from cutfs.codec.storage.blob import Blob
 from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.decode_pool import DecodePool
-from cutfs.vfs.filesystem import Filesystem
 from cutfs.vfs.frame_source import FrameSource
-from cutfs.vfs.view import CUT_INODE_BASE, RECORDING_INODE_BASE
+from cutfs.vfs.tree.filesystem import Filesystem
+from cutfs.vfs.tree.view import CUT_INODE_BASE, RECORDING_INODE_BASE
 
 FORMATS = {
     "flac": ["-c:a", "flac"],

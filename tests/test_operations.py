@@ -24,11 +24,11 @@ from cutfs.codec.packing.packer import pack
 from cutfs.vfs import frame_source
 from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.decode_pool import DecodePool
-from cutfs.vfs.filesystem import Filesystem
 from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.fuse.operations import Operations
 from cutfs.vfs.statistics import Statistics
-from cutfs.vfs.view import ROOT_INODE
+from cutfs.vfs.tree.filesystem import Filesystem
+from cutfs.vfs.tree.view import ROOT_INODE
 
 #: What pyfuse3 passes with a request: who asked (root here).
 CONTEXT = SimpleNamespace(uid=0, gid=0, pid=0, umask=0o022)

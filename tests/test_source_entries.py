@@ -26,7 +26,7 @@ from conftest import write_arrow_file
 from cutfs.codec.errors import SourceError
 from cutfs.codec.sources import Refusals, read_source
 from cutfs.codec.sources.catalogue import SourceCatalogue
-from cutfs.vfs.manifest_files import _supervisions
+from cutfs.vfs.tree.manifest_files import _supervisions
 
 FLAC = "flac_mono_16k.flac"
 

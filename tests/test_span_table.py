@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cutfs.vfs.fuse.fs_error import FsError
-from cutfs.vfs.span_table import SharedSpanTable, SpanTable
+from cutfs.vfs.tree.span_table import SharedSpanTable, SpanTable
 
 Table = SpanTable | SharedSpanTable
 MakeTable = Callable[[int, int], Table]

@@ -52,8 +52,8 @@ from cutfs.vfs.daemon.mount import (
     serve,
 )
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
-from cutfs.vfs.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
 from cutfs.vfs.fuse.operations import Ownership
+from cutfs.vfs.tree.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
 
 log = logging.getLogger("cutfs")
 

@@ -58,12 +58,12 @@ from cutfs.vfs.daemon.serving_user import (
     serving_user,
 )
 from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
-from cutfs.vfs.filesystem import Windows
 from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.fuse.device_channel import DeviceChannel
 from cutfs.vfs.fuse.operations import Ownership
-from cutfs.vfs.span_table import SharedSpanTable
 from cutfs.vfs.statistics_board import StatisticsBoard
+from cutfs.vfs.tree.filesystem import Windows
+from cutfs.vfs.tree.span_table import SharedSpanTable
 
 log = logging.getLogger("cutfs.mount")
 

@@ -25,8 +25,8 @@ away stops by itself, and one whose daemon dies is ended by the kernel.
 Files are immutable and handles are inode numbers, so any process can
 answer any request.  The little state there is lives in a private
 directory the processes share: the table of time ranges made on lookup
-(:class:`~cutfs.vfs.span_table.SharedSpanTable`), the snapshot each open of
-``.cutfs/stats`` reads (:class:`~cutfs.vfs.snapshot_store.SnapshotStore`),
+(:class:`~cutfs.vfs.tree.span_table.SharedSpanTable`), the snapshot each open of
+``.cutfs/stats`` reads (:class:`~cutfs.vfs.tree.snapshot_store.SnapshotStore`),
 and the statistics, which each process counts for itself and publishes
 every second for the others to add up (:mod:`cutfs.vfs.statistics_board`).
 """

@@ -22,13 +22,13 @@ from cutfs.vfs.daemon.doorbell import Doorbell
 from cutfs.vfs.daemon.request_slot import RequestSlot
 from cutfs.vfs.daemon.serving_user import ServingUser
 from cutfs.vfs.decode_pool import DecodePool
-from cutfs.vfs.filesystem import Filesystem
 from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.fuse.operations import Operations
 from cutfs.vfs.prometheus import render_metrics
-from cutfs.vfs.snapshot_store import SnapshotStore
 from cutfs.vfs.statistics import Statistics
 from cutfs.vfs.statistics_board import StatisticsBoard
+from cutfs.vfs.tree.filesystem import Filesystem
+from cutfs.vfs.tree.snapshot_store import SnapshotStore
 
 if TYPE_CHECKING:
     from cutfs.vfs.daemon.mount import MountOptions

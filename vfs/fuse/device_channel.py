@@ -48,9 +48,9 @@ import trio
 from cutfs.vfs.daemon import kernel_tuning
 from cutfs.vfs.daemon.doorbell import Doorbell
 from cutfs.vfs.daemon.request_slot import RequestSlot
-from cutfs.vfs.filesystem import ReadBuffers
 from cutfs.vfs.fuse.operations import Operations
 from cutfs.vfs.fuse.page_pusher import MOST_PUSH_BYTES, PagePusher
+from cutfs.vfs.tree.filesystem import ReadBuffers
 
 log = logging.getLogger("cutfs.device_channel")
 

@@ -1,4 +1,4 @@
-"""The pyfuse3 Operations: a thin adapter over :class:`cutfs.vfs.filesystem.Filesystem`.
+"""The pyfuse3 Operations: a thin adapter over :class:`cutfs.vfs.tree.filesystem.Filesystem`.
 
 This is the one place where exceptions become errno values.  pyfuse3 only
 understands :class:`pyfuse3.FUSEError`; anything else raised by a handler can
@@ -45,15 +45,15 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 
 from cutfs.codec.errors import CutfsError
-from cutfs.vfs.filesystem import Attributes, Filesystem, FsError, ReadBuffers
-from cutfs.vfs.snapshot_store import SnapshotStore
 from cutfs.vfs.statistics import Statistics
+from cutfs.vfs.tree.filesystem import Attributes, Filesystem, FsError, ReadBuffers
+from cutfs.vfs.tree.snapshot_store import SnapshotStore
 
 log = logging.getLogger("cutfs.operations")
 
 CACHE_TIMEOUT_SECONDS = 86400.0
 #: Inodes of snapshots of volatile files (this bit, a serial number, and the file's own
-#: inode in the low bits), above every inode of :mod:`cutfs.vfs.view`.
+#: inode in the low bits), above every inode of :mod:`cutfs.vfs.tree.view`.
 _SNAPSHOT_INODES = 1 << 60
 _SNAPSHOT_INODE_BITS = 20
 _SNAPSHOT_SERIALS = 1 << 39
@@ -185,7 +185,7 @@ class Operations(pyfuse3.Operations):
 
     async def _snapshot(self, inode: int) -> bytes:
         """A snapshot's text; rendered again if it was evicted (only past
-        :data:`cutfs.vfs.snapshot_store.KEPT` snapshots known at once)."""
+        :data:`cutfs.vfs.tree.snapshot_store.KEPT` snapshots known at once)."""
         snapshot = self._snapshots.get(inode)
         if snapshot is None:
             snapshot = await self._fs.read(inode & _VOLATILE_INODE_MASK, 0, _LARGEST_TEXT_BYTES)

@@ -36,8 +36,8 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from cutfs.vfs.filesystem import ReadBuffers
 from cutfs.vfs.statistics import Statistics
+from cutfs.vfs.tree.filesystem import ReadBuffers
 
 log = logging.getLogger("cutfs.page_pusher")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from cutfs.vfs.view import CONTROL_INODE_BASE, Entry, NodeKind, TextFile, View
+from cutfs.vfs.tree.view import CONTROL_INODE_BASE, Entry, NodeKind, TextFile, View
 
 CONTROL_DIR: Final = ".cutfs"
 STATS_FILE: Final = "stats"

@@ -3,7 +3,7 @@
 ``recordings/<id>.wav`` is the whole recording, all channels.
 ``recordings/<id>/<start>-<end>.wav`` is any range in seconds: the directory
 ``<id>/`` and its files are made on lookup and never listed.  Range files
-are numbered while the kernel holds them (:class:`cutfs.vfs.span_table.SpanTable`).
+are numbered while the kernel holds them (:class:`cutfs.vfs.tree.span_table.SpanTable`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from cutfs.codec.catalogue.file_tree import FileTree
 from cutfs.codec.catalogue.mapped_table import RowSequence
 from cutfs.codec.catalogue.path_escape import SUFFIX
 from cutfs.codec.library import Library
-from cutfs.vfs.span_table import SharedSpanTable, SpanTable
-from cutfs.vfs.view import (
+from cutfs.vfs.tree.span_table import SharedSpanTable, SpanTable
+from cutfs.vfs.tree.view import (
     RANGE_DIRECTORY_BASE,
     RECORDING_DIRECTORY_BASE,
     RECORDING_INODE_BASE,

@@ -1,5 +1,5 @@
 """The manifests at a mount's root (``wav.scp``, ``cuts.jsonl.gz``, ...) and
-``cuts/metadata.jsonl``, as text files (contents: :mod:`cutfs.vfs.manifest_files`).
+``cuts/metadata.jsonl``, as text files (contents: :mod:`cutfs.vfs.tree.manifest_files`).
 
 No manifest is held whole in memory.  ``wav.scp`` is rendered per read from
 the stored Kaldi order (:mod:`cutfs.codec.catalogue.kaldi_order`): its exact size is
@@ -22,14 +22,14 @@ import trio
 
 from cutfs.codec.catalogue.kaldi_order import KaldiOrder, kaldi_key
 from cutfs.codec.errors import CutfsError
-from cutfs.vfs.manifest_files import (
+from cutfs.vfs.tree.manifest_files import (
     AUDIOFOLDER_METADATA,
     COMPRESSED,
     NEEDS_LENGTHS,
     WAV_SCP,
     ManifestFiles,
 )
-from cutfs.vfs.view import MANIFEST_INODE_BASE, Entry, NodeKind, TextFile, View
+from cutfs.vfs.tree.view import MANIFEST_INODE_BASE, Entry, NodeKind, TextFile, View
 
 #: Bytes read back from a spilled manifest at most per read request.
 _MAX_READ_BYTES: Final = 1 << 24

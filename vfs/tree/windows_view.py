@@ -18,7 +18,7 @@ from cutfs.codec.catalogue.file_tree import FileTree
 from cutfs.codec.catalogue.mapped_table import RowSequence
 from cutfs.codec.catalogue.path_escape import SUFFIX
 from cutfs.codec.library import AudioShape, Library
-from cutfs.vfs.view import (
+from cutfs.vfs.tree.view import (
     ROOT_INODE,
     WINDOW_BITS,
     WINDOW_DIRECTORY_BASE,

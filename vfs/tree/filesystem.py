@@ -10,11 +10,11 @@ Layout of a mount::
     windows/<recording id>/<start>-<end>.wav
                                    fixed windows with overlap (with ``--window``)
     wav.scp, segments, text, utt2spk, spk2utt, cuts.jsonl.gz
-                                   manifests of the cut files (see cutfs.vfs.manifest_files)
+                                   manifests of the cut files (see cutfs.vfs.tree.manifest_files)
     .cutfs/stats                   the daemon's counters, as JSON (when enabled)
     .cutfs/metrics                 the same in Prometheus' text exposition format
 
-Each part is a view (:mod:`cutfs.vfs.view`) that owns its inode numbers; this
+Each part is a view (:mod:`cutfs.vfs.tree.view`) that owns its inode numbers; this
 class composes them, dispatches each request to the view owning its inode,
 and does what every WAV file shares: its layout (rate, channels, format),
 reading frames under the request's deadline, and resampling.
@@ -50,16 +50,16 @@ from cachetools import LRUCache
 from cutfs.codec.audio.output_format import OutputFormat
 from cutfs.codec.audio.wav_layout import HEADER_BYTES, WavLayout
 from cutfs.codec.library import AudioShape, Library
-from cutfs.vfs.control_view import CONTROL_DIR, METRICS_FILE, STATS_FILE, ControlView
-from cutfs.vfs.cuts_view import CUTS_DIR, CutsView
 from cutfs.vfs.decode_pool import DecodeDeadlineError
 from cutfs.vfs.frame_source import FrameSource
 from cutfs.vfs.fuse.fs_error import FsError
-from cutfs.vfs.manifest_files import ManifestFiles
-from cutfs.vfs.manifests_view import ManifestsView, WavScp
-from cutfs.vfs.recordings_view import RecordingsView
-from cutfs.vfs.view import CUT_INODE_BASE, ROOT_INODE, AudioSpan, Entry, NodeKind, View
-from cutfs.vfs.windows_view import Windows, WindowsView
+from cutfs.vfs.tree.control_view import CONTROL_DIR, METRICS_FILE, STATS_FILE, ControlView
+from cutfs.vfs.tree.cuts_view import CUTS_DIR, CutsView
+from cutfs.vfs.tree.manifest_files import ManifestFiles
+from cutfs.vfs.tree.manifests_view import ManifestsView, WavScp
+from cutfs.vfs.tree.recordings_view import RecordingsView
+from cutfs.vfs.tree.view import CUT_INODE_BASE, ROOT_INODE, AudioSpan, Entry, NodeKind, View
+from cutfs.vfs.tree.windows_view import Windows, WindowsView
 
 #: The kernel's page size, the unit of what it keeps of a file.
 PAGE_BYTES: Final = mmap.PAGESIZE
@@ -128,7 +128,7 @@ class Filesystem:
         """``status`` renders ``.cutfs/stats`` (JSON) and ``metrics`` ``.cutfs/metrics``
         (Prometheus' text format); without ``status`` there is no ``.cutfs``.
         ``shared_spans`` is the time-range table shared by the processes serving the
-        mount, if several do (see :class:`cutfs.vfs.span_table.SharedSpanTable`)."""
+        mount, if several do (see :class:`cutfs.vfs.tree.span_table.SharedSpanTable`)."""
         self._library = library
         self._format = output_format or OutputFormat()
         self._frames = frame_source

@@ -5,7 +5,7 @@ the manifests, the control directory) owns ranges of inode numbers and
 answers for them: what a node is, its entries and their order, and what a
 file serves (:class:`AudioSpan` for a WAV file, a :class:`TextFile` for a
 text).  It puts its top entries in the mount's root with
-:meth:`View.root_entries`.  :class:`cutfs.vfs.filesystem.Filesystem` composes
+:meth:`View.root_entries`.  :class:`cutfs.vfs.tree.filesystem.Filesystem` composes
 views and does what is common to them (WAV layout, reading, deadlines), so
 a new view is one new module and one line in the filesystem.
 
@@ -15,7 +15,7 @@ allocated per file:
 
 ========================  ==============================================
 ``1``                     the root
-``2`` .. ``63``           manifests (:mod:`cutfs.vfs.manifests_view`)
+``2`` .. ``63``           manifests (:mod:`cutfs.vfs.tree.manifests_view`)
 ``64`` .. ``127``         the control directory and its files
 ``k << 36`` + row         directories of view ``k`` (see the constants)
 ``1 << 40`` + cut         cut files

@@ -9,7 +9,7 @@ from typing import Final
 from cutfs.codec.catalogue.file_tree import FileTree
 from cutfs.codec.catalogue.mapped_table import RowSequence
 from cutfs.codec.library import Library
-from cutfs.vfs.view import (
+from cutfs.vfs.tree.view import (
     CUT_DIRECTORY_BASE,
     CUT_INODE_BASE,
     ROOT_INODE,
