@@ -7,7 +7,7 @@ command line turns them into a message and a non-zero exit status.
 
 The classes keep their constructor arguments in ``args`` so that they survive
 pickling.  Decoder workers send theirs by class name and words instead
-(:mod:`cutfs.vfs.worker_message`): the process reading a worker does not
+(:mod:`cutfs.vfs.frames.worker_message`): the process reading a worker does not
 unpickle what the worker sends.
 """
 

@@ -20,9 +20,9 @@ from cutfs.codec.audio.seek_index import SeekIndex
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.storage.blob import Blob
-from cutfs.vfs.block_cache import BlockCache
-from cutfs.vfs.decode_pool import DecodePool
-from cutfs.vfs.frame_source import FrameSource
+from cutfs.vfs.frames.block_cache import BlockCache
+from cutfs.vfs.frames.decode_pool import DecodePool
+from cutfs.vfs.frames.frame_source import FrameSource
 from cutfs.vfs.tree.filesystem import Filesystem
 from cutfs.vfs.tree.view import CUT_INODE_BASE, RECORDING_INODE_BASE
 

@@ -21,10 +21,10 @@ from cutfs.codec.catalogue.shard_format import CUTS_FILE
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.catalogue.shard_writer import write_cut_catalogue
 from cutfs.codec.packing.packer import pack
-from cutfs.vfs import frame_source
-from cutfs.vfs.block_cache import BlockCache
-from cutfs.vfs.decode_pool import DecodePool
-from cutfs.vfs.frame_source import FrameSource
+from cutfs.vfs.frames import frame_source
+from cutfs.vfs.frames.block_cache import BlockCache
+from cutfs.vfs.frames.decode_pool import DecodePool
+from cutfs.vfs.frames.frame_source import FrameSource
 from cutfs.vfs.fuse.operations import Operations
 from cutfs.vfs.statistics import Statistics
 from cutfs.vfs.tree.filesystem import Filesystem

@@ -49,7 +49,7 @@ from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.sources import Refusals, read_source
 from cutfs.codec.sources.source_index import SourceIndex, prepare_index
 from cutfs.vfs.daemon.serving_user import ServingUser, acting_as, kill_command_group
-from cutfs.vfs.decode_pool import DecodePool, WorkerDiedError
+from cutfs.vfs.frames.decode_pool import DecodePool, WorkerDiedError
 
 pytestmark = [pytest.mark.mount, needs_fuse, needs_root]
 

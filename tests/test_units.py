@@ -26,7 +26,7 @@ from cutfs.codec.catalogue.file_tree import served_paths
 from cutfs.codec.catalogue.path_escape import escape_id, unescape_path
 from cutfs.codec.errors import CorruptDataError, ShardFormatError
 from cutfs.codec.storage.memory_advice import address_of
-from cutfs.vfs.block_cache import BLOCK_OVERHEAD_BYTES, BlockCache
+from cutfs.vfs.frames.block_cache import BLOCK_OVERHEAD_BYTES, BlockCache
 
 
 def test_header_bytes_field_by_field() -> None:

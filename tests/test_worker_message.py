@@ -23,8 +23,8 @@ from cutfs.codec.audio.recording import Recording
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import CorruptDataError, CutfsError, ManifestMismatchError
 from cutfs.codec.storage.object_store import ObjectChangedError
-from cutfs.vfs.decode_pool import DecodeDeadlineError
-from cutfs.vfs.worker_message import (
+from cutfs.vfs.frames.decode_pool import DecodeDeadlineError
+from cutfs.vfs.frames.worker_message import (
     BadMessageError,
     CommandStarted,
     Ready,

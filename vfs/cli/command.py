@@ -51,7 +51,7 @@ from cutfs.vfs.daemon.mount import (
     MountOptions,
     serve,
 )
-from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS
+from cutfs.vfs.frames.decode_pool import DEFAULT_DEADLINE_SECONDS
 from cutfs.vfs.fuse.operations import Ownership
 from cutfs.vfs.tree.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
 

@@ -57,8 +57,8 @@ from cutfs.vfs.daemon.serving_user import (
     as_root,
     serving_user,
 )
-from cutfs.vfs.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
-from cutfs.vfs.frame_source import FrameSource
+from cutfs.vfs.frames.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
+from cutfs.vfs.frames.frame_source import FrameSource
 from cutfs.vfs.fuse.device_channel import DeviceChannel
 from cutfs.vfs.fuse.operations import Ownership
 from cutfs.vfs.statistics_board import StatisticsBoard

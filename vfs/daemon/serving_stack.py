@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from cutfs.codec.library import Library
 from cutfs.codec.trust.source_policy import SourcePolicy
-from cutfs.vfs.block_cache import BlockCache
 from cutfs.vfs.daemon.doorbell import Doorbell
 from cutfs.vfs.daemon.request_slot import RequestSlot
 from cutfs.vfs.daemon.serving_user import ServingUser
-from cutfs.vfs.decode_pool import DecodePool
-from cutfs.vfs.frame_source import FrameSource
+from cutfs.vfs.frames.block_cache import BlockCache
+from cutfs.vfs.frames.decode_pool import DecodePool
+from cutfs.vfs.frames.frame_source import FrameSource
 from cutfs.vfs.fuse.operations import Operations
 from cutfs.vfs.prometheus import render_metrics
 from cutfs.vfs.statistics import Statistics

@@ -50,8 +50,8 @@ from cachetools import LRUCache
 from cutfs.codec.audio.output_format import OutputFormat
 from cutfs.codec.audio.wav_layout import HEADER_BYTES, WavLayout
 from cutfs.codec.library import AudioShape, Library
-from cutfs.vfs.decode_pool import DecodeDeadlineError
-from cutfs.vfs.frame_source import FrameSource
+from cutfs.vfs.frames.decode_pool import DecodeDeadlineError
+from cutfs.vfs.frames.frame_source import FrameSource
 from cutfs.vfs.fuse.fs_error import FsError
 from cutfs.vfs.tree.control_view import CONTROL_DIR, METRICS_FILE, STATS_FILE, ControlView
 from cutfs.vfs.tree.cuts_view import CUTS_DIR, CutsView

@@ -18,8 +18,8 @@ from cachetools import LRUCache
 from cutfs.codec.audio.pcm import Int16Array
 from cutfs.codec.errors import CutfsError, ManifestMismatchError
 from cutfs.codec.library import Library
-from cutfs.vfs.block_cache import BlockCache, FrameRange, Piece
-from cutfs.vfs.decode_pool import DecodeDeadlineError, DecodePool
+from cutfs.vfs.frames.block_cache import BlockCache, FrameRange, Piece
+from cutfs.vfs.frames.decode_pool import DecodeDeadlineError, DecodePool
 from cutfs.vfs.statistics import Statistics
 
 #: The most frames decoded ahead of a read, in one pass (98 s at 16 kHz); and no decode

@@ -50,8 +50,7 @@ from cutfs.codec.trust.command_runner import announce_groups_to
 from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.daemon.request_slot import RequestSlot
 from cutfs.vfs.daemon.serving_user import ServingUser, as_root, kill_command_group
-from cutfs.vfs.statistics import Statistics
-from cutfs.vfs.worker_message import (
+from cutfs.vfs.frames.worker_message import (
     MOST_MESSAGE_BYTES,
     Answer,
     BadMessageError,
@@ -64,6 +63,7 @@ from cutfs.vfs.worker_message import (
     decode,
     encode,
 )
+from cutfs.vfs.statistics import Statistics
 
 log = logging.getLogger("cutfs.decode_pool")
 
@@ -436,7 +436,7 @@ class _Worker:
             os.close(descriptor)
 
     def receive(self) -> Message:
-        """The worker's next message, checked (see :mod:`cutfs.vfs.worker_message`).
+        """The worker's next message, checked (see :mod:`cutfs.vfs.frames.worker_message`).
 
         Raises EOFError or OSError when the worker is gone (or sent more than a message
         may hold) and :class:`BadMessageError` when what it sent is not a message."""
