@@ -26,7 +26,7 @@ from cutfs.vfs.frames.block_cache import BlockCache
 from cutfs.vfs.frames.decode_pool import DecodePool
 from cutfs.vfs.frames.frame_source import FrameSource
 from cutfs.vfs.fuse.operations import Operations
-from cutfs.vfs.statistics import Statistics
+from cutfs.vfs.stats.statistics import Statistics
 from cutfs.vfs.tree.filesystem import Filesystem
 from cutfs.vfs.tree.view import ROOT_INODE
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cutfs.vfs.statistics import Statistics
-from cutfs.vfs.statistics_board import StatisticsBoard
+from cutfs.vfs.stats.statistics import Statistics
+from cutfs.vfs.stats.statistics_board import StatisticsBoard
 
 
 def _counted(reads: int, seconds: float) -> Statistics:

@@ -1,7 +1,7 @@
 """A named pipe that another serving process rings to have this one publish now.
 
 ``.cutfs/stats`` adds up the figures of every process serving a mount (see
-:mod:`cutfs.vfs.statistics_board`).  Each process publishes its own every
+:mod:`cutfs.vfs.stats.statistics_board`).  Each process publishes its own every
 second; so that a read of the file shows what every process has counted up to
 that moment, the process answering it rings the others' doorbells and waits a
 moment for their figures.  A doorbell is a FIFO in the board's private

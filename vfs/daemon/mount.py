@@ -61,7 +61,7 @@ from cutfs.vfs.frames.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
 from cutfs.vfs.frames.frame_source import FrameSource
 from cutfs.vfs.fuse.device_channel import DeviceChannel
 from cutfs.vfs.fuse.operations import Ownership
-from cutfs.vfs.statistics_board import StatisticsBoard
+from cutfs.vfs.stats.statistics_board import StatisticsBoard
 from cutfs.vfs.tree.filesystem import Windows
 from cutfs.vfs.tree.span_table import SharedSpanTable
 

@@ -28,7 +28,7 @@ directory the processes share: the table of time ranges made on lookup
 (:class:`~cutfs.vfs.tree.span_table.SharedSpanTable`), the snapshot each open of
 ``.cutfs/stats`` reads (:class:`~cutfs.vfs.tree.snapshot_store.SnapshotStore`),
 and the statistics, which each process counts for itself and publishes
-every second for the others to add up (:mod:`cutfs.vfs.statistics_board`).
+every second for the others to add up (:mod:`cutfs.vfs.stats.statistics_board`).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from cutfs.vfs.daemon.request_slot import RequestSlot
 from cutfs.vfs.daemon.serving_stack import ProcessShare, ServingStack
 from cutfs.vfs.daemon.serving_user import ServingUser, acting_as, as_root, kill_command_group
 from cutfs.vfs.fuse.device_channel import DeviceChannel, clone_device, write_reply
-from cutfs.vfs.statistics import Statistics
-from cutfs.vfs.statistics_board import StatisticsBoard
+from cutfs.vfs.stats.statistics import Statistics
+from cutfs.vfs.stats.statistics_board import StatisticsBoard
 
 if TYPE_CHECKING:
     from cutfs.vfs.daemon.mount import MountOptions

@@ -24,9 +24,9 @@ from cutfs.vfs.frames.block_cache import BlockCache
 from cutfs.vfs.frames.decode_pool import DecodePool
 from cutfs.vfs.frames.frame_source import FrameSource
 from cutfs.vfs.fuse.operations import Operations
-from cutfs.vfs.prometheus import render_metrics
-from cutfs.vfs.statistics import Statistics
-from cutfs.vfs.statistics_board import StatisticsBoard
+from cutfs.vfs.stats.prometheus import render_metrics
+from cutfs.vfs.stats.statistics import Statistics
+from cutfs.vfs.stats.statistics_board import StatisticsBoard
 from cutfs.vfs.tree.filesystem import Filesystem
 from cutfs.vfs.tree.snapshot_store import SnapshotStore
 

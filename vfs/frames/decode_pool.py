@@ -63,7 +63,7 @@ from cutfs.vfs.frames.worker_message import (
     decode,
     encode,
 )
-from cutfs.vfs.statistics import Statistics
+from cutfs.vfs.stats.statistics import Statistics
 
 log = logging.getLogger("cutfs.decode_pool")
 

@@ -20,7 +20,7 @@ from cutfs.codec.errors import CutfsError, ManifestMismatchError
 from cutfs.codec.library import Library
 from cutfs.vfs.frames.block_cache import BlockCache, FrameRange, Piece
 from cutfs.vfs.frames.decode_pool import DecodeDeadlineError, DecodePool
-from cutfs.vfs.statistics import Statistics
+from cutfs.vfs.stats.statistics import Statistics
 
 #: The most frames decoded ahead of a read, in one pass (98 s at 16 kHz); and no decode
 #: longer than a quarter of the block cache, so that what it decodes stays cached.

@@ -45,7 +45,7 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 
 from cutfs.codec.errors import CutfsError
-from cutfs.vfs.statistics import Statistics
+from cutfs.vfs.stats.statistics import Statistics
 from cutfs.vfs.tree.filesystem import Attributes, Filesystem, FsError, ReadBuffers
 from cutfs.vfs.tree.snapshot_store import SnapshotStore
 

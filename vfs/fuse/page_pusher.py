@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from cutfs.vfs.statistics import Statistics
+from cutfs.vfs.stats.statistics import Statistics
 from cutfs.vfs.tree.filesystem import ReadBuffers
 
 log = logging.getLogger("cutfs.page_pusher")

@@ -7,7 +7,7 @@ Prometheus' conventions: ``cutfs_`` prefix, ``_total`` for counters, base
 units (seconds, bytes), labels for kinds.
 
 Latencies are histograms with fixed ``le`` edges.  The mount keeps them in
-quarter-octave buckets (:class:`cutfs.vfs.statistics.Histogram`); a bucket is
+quarter-octave buckets (:class:`cutfs.vfs.stats.statistics.Histogram`); a bucket is
 counted under the first edge at or above its upper end, so an observation up
 to 19% below an edge may be counted under the next edge instead.
 """
@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from cutfs.vfs.statistics import Histogram, Statistics
+from cutfs.vfs.stats.statistics import Histogram, Statistics
 
 #: ``le`` edges of the latency histograms, in seconds.
 LATENCY_EDGES_SECONDS: Final = (

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from cutfs.vfs.daemon.doorbell import Doorbell
-from cutfs.vfs.statistics import Statistics
+from cutfs.vfs.stats.statistics import Statistics
 
 log = logging.getLogger("cutfs.statistics_board")
 
