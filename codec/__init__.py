@@ -1,5 +1,15 @@
-"""cutfs's codec library: shards, seek indexes, decoding and the WAV layout.
+"""cutfs's library: from stored recordings to exact frames, with no FUSE in sight.
 
-Nothing here imports the filesystem layer (pyfuse3, trio): the library can be
-used on its own to pack recordings and to read exact frame ranges back.
+Nothing here imports the filesystem layer (:mod:`cutfs.vfs`, pyfuse3, trio): the library
+packs sources into shards and reads exact frame ranges back on its own (a test checks).
+
+- :mod:`.storage`: where stored bytes live (local files, object storage, the piece cache).
+- :mod:`.audio`: the codec proper (seek index, decoders, PCM, resampling, the WAV layout).
+- :mod:`.catalogue`: shard directories and the mapped tables and trees of a corpus.
+- :mod:`.sources`: the inputs pack reads, and audio served where it lies.
+- :mod:`.packing`: a pack as plan, partitions and commit, on any engine.
+- :mod:`.trust`: limits, policy and commands for data from other people; the clean start.
+- :mod:`.library`: what the filesystem serves from (a :class:`Library`, packed or in
+  place); :mod:`.corpus` and :mod:`.cut_dataset`: reading without a mount (the API);
+  :mod:`.errors`: the exception hierarchy.
 """
