@@ -47,7 +47,8 @@ from run import CUT_SECONDS, RATE, Cut, Setup, _drop_caches, _machine, _prepare,
 
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.catalogue.shard_upload import upload_shards
-from cutfs.codec.storage.object_store import ObjectLocation, ObjectStore
+from cutfs.codec.storage.object_location import ObjectLocation
+from cutfs.codec.storage.object_store import ObjectStore
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]

@@ -33,7 +33,9 @@ from conftest import (
 )
 
 from cutfs.codec.catalogue.shard_set import ShardSet
-from cutfs.codec.storage.object_store import ObjectChangedError, ObjectLocation, ObjectStore
+from cutfs.codec.storage.object_location import ObjectLocation
+from cutfs.codec.storage.object_service import ObjectChangedError
+from cutfs.codec.storage.object_store import ObjectStore
 
 BUCKET = "corpus"
 Server = GcsServer | AzuriteServer

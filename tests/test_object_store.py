@@ -16,12 +16,9 @@ import pytest
 
 from cutfs.codec.errors import SourceError
 from cutfs.codec.storage.caching_store import CachingStore
-from cutfs.codec.storage.object_store import (
-    ObjectChangedError,
-    ObjectLocation,
-    ObjectStore,
-    ObjectStoreError,
-)
+from cutfs.codec.storage.object_location import ObjectLocation
+from cutfs.codec.storage.object_service import ObjectChangedError, ObjectStoreError
+from cutfs.codec.storage.object_store import ObjectStore
 
 moto_server = pytest.importorskip("moto.server")
 botocore_session = pytest.importorskip("botocore.session")

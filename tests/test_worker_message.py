@@ -22,7 +22,7 @@ from cutfs.codec.audio.decoder import DecodeTrace
 from cutfs.codec.audio.recording import Recording
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import CorruptDataError, CutfsError, ManifestMismatchError
-from cutfs.codec.storage.object_store import ObjectChangedError
+from cutfs.codec.storage.object_service import ObjectChangedError
 from cutfs.vfs.frames.decode_pool import DecodeDeadlineError
 from cutfs.vfs.frames.worker_message import (
     BadMessageError,

@@ -32,12 +32,9 @@ from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES, DEFAULT_MEMORY_BYTES, CachingStore
-from cutfs.codec.storage.object_store import (
-    ObjectLocation,
-    ObjectStore,
-    ObjectStoreError,
-    PinnedObject,
-)
+from cutfs.codec.storage.object_location import ObjectLocation
+from cutfs.codec.storage.object_service import ObjectStoreError, PinnedObject
+from cutfs.codec.storage.object_store import ObjectStore
 from cutfs.codec.trust.source_policy import SourcePolicy
 
 #: A manifest larger than this is not a cutfs manifest (it lists shards, not cuts).

@@ -16,7 +16,9 @@ import os
 from cutfs.codec.catalogue.catalogue_copy import CATALOGUE_FILES
 from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
 from cutfs.codec.errors import SourceError
-from cutfs.codec.storage.object_store import ObjectLocation, ObjectStore, ObjectStoreError
+from cutfs.codec.storage.object_location import ObjectLocation
+from cutfs.codec.storage.object_service import ObjectStoreError
+from cutfs.codec.storage.object_store import ObjectStore
 
 
 def upload_shards(directory: str, uri: str) -> None:

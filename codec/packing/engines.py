@@ -37,7 +37,7 @@ from cutfs.codec.packing.partition_packer import (
 from cutfs.codec.packing.plan import PackPlan
 from cutfs.codec.packing.progress import PackProgress, ProgressCallback
 from cutfs.codec.packing.status import failure, read_status
-from cutfs.codec.storage.object_store import is_remote
+from cutfs.codec.storage.object_location import is_remote
 
 #: Seconds between two looks at a cluster's jobs.
 POLL_SECONDS: Final = 1.0

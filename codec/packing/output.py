@@ -20,12 +20,9 @@ from typing import Final, Protocol, TypeVar
 import pyarrow as pa
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.storage.object_store import (
-    ObjectLocation,
-    ObjectStore,
-    ObjectStoreError,
-    is_remote,
-)
+from cutfs.codec.storage.object_location import ObjectLocation, is_remote
+from cutfs.codec.storage.object_service import ObjectStoreError
+from cutfs.codec.storage.object_store import ObjectStore
 
 #: A marker or plan description larger than this was not written by cutfs.
 MAX_SMALL_FILE_BYTES: Final = 64 << 20

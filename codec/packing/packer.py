@@ -29,7 +29,7 @@ from cutfs.codec.packing.output import LocalPackOutput, PackOutput, open_pack_ou
 from cutfs.codec.packing.partition_packer import finished_partitions
 from cutfs.codec.packing.plan import make_plan
 from cutfs.codec.packing.progress import PackProgress, ProgressCallback
-from cutfs.codec.storage.object_store import is_remote
+from cutfs.codec.storage.object_location import is_remote
 
 __all__ = ["PackProgress", "PackReport", "ProgressCallback", "pack", "pack_in_place"]
 

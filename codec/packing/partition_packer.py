@@ -49,7 +49,8 @@ from cutfs.codec.packing.plan import PackPlan, partition_inputs, read_plan
 from cutfs.codec.packing.progress import PackProgress, ProgressCallback
 from cutfs.codec.sources import SourceRecording
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
-from cutfs.codec.storage.object_store import ObjectStore, split_object_url
+from cutfs.codec.storage.object_location import split_object_url
+from cutfs.codec.storage.object_store import ObjectStore
 from cutfs.codec.trust.command_runner import CommandLimits, run_command
 
 #: The largest object a recording in object storage may be (a sanity bound against a

@@ -36,7 +36,8 @@ from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.packing.output import PackOutput
 from cutfs.codec.sources import SourceCatalogue, SourceRecording, read_source
 from cutfs.codec.sources.catalogue import CUT_COLUMNS_SCHEMA, DeclaredAudio
-from cutfs.codec.storage.object_store import ObjectLocation, ObjectStore, split_object_url
+from cutfs.codec.storage.object_location import ObjectLocation, split_object_url
+from cutfs.codec.storage.object_store import ObjectStore
 
 PLAN_FILE: Final = "_plan/plan.json"
 PLAN_RECORDINGS: Final = "_plan/recordings.arrow"

@@ -26,7 +26,7 @@ from cutfs.codec.sources.catalogue import (
     SourceRecording,
 )
 from cutfs.codec.sources.json_lines import json_lines
-from cutfs.codec.storage.object_store import is_remote, split_object_url
+from cutfs.codec.storage.object_location import is_remote, split_object_url
 from cutfs.codec.trust.clean_start import absolute
 from cutfs.codec.trust.limits import MAX_CHANNELS, check_seconds, check_shape
 

@@ -72,7 +72,8 @@ from cutfs.codec.sources.audio_dir import AUDIO_EXTENSIONS
 from cutfs.codec.storage.blob import Blob
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.local_store import LocalStore, file_version
-from cutfs.codec.storage.object_store import DEFAULT_STORE_DEADLINE_SECONDS, is_remote
+from cutfs.codec.storage.object_location import is_remote
+from cutfs.codec.storage.object_store import DEFAULT_STORE_DEADLINE_SECONDS
 from cutfs.codec.storage.routing_store import RoutingStore
 from cutfs.codec.trust.command_runner import run_command
 from cutfs.codec.trust.limits import (

@@ -27,10 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.storage.object_store import (
+from cutfs.codec.storage.object_location import ObjectLocation
+from cutfs.codec.storage.object_service import (
     RETRYABLE_CODES,
     ObjectChangedError,
-    ObjectLocation,
     ObjectStoreError,
     PinnedObject,
     RangedGet,

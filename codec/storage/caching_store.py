@@ -59,7 +59,7 @@ from cachetools import LRUCache
 from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.storage.byte_store import ByteStore
 from cutfs.codec.storage.cache_usage import CacheUsage
-from cutfs.codec.storage.object_store import ObjectStoreError
+from cutfs.codec.storage.object_service import ObjectStoreError
 from cutfs.codec.trust.private_directory import private_directory
 
 PIECE_BYTES: Final = 16 << 10

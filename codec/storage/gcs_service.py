@@ -26,9 +26,9 @@ from typing import Any, Final
 from urllib.parse import quote, urlencode
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.storage.object_store import (
+from cutfs.codec.storage.object_location import ObjectLocation
+from cutfs.codec.storage.object_service import (
     ObjectChangedError,
-    ObjectLocation,
     ObjectStoreError,
     PinnedObject,
     RangedGet,

@@ -21,12 +21,10 @@ between services (signing, the version a read is conditional on, uploads, listin
   :class:`ObjectStoreError`.
 * Counters (GETs, bytes, retries, errors) for ``.cutfs/stats``.
 
-Where the objects are, and how to reach them, is an :class:`ObjectLocation`, read from
-``s3://bucket/prefix[?endpoint_override=host:port&scheme=http&region=r]`` (the names
-pyarrow uses; or ``endpoint_url=http://host:port``) or ``gs://bucket/prefix`` (the same
-endpoint parameters, for an emulator) or ``az://container/prefix[?account=name]``
-(``endpoint_url`` for an emulator).  Credentials come from each service's standard
-places (see its module).
+Where the objects are, and how to reach them, is an
+:class:`cutfs.codec.storage.object_location.ObjectLocation`; what a service does, the
+contract in :mod:`cutfs.codec.storage.object_service`.  Credentials come from each
+service's standard places (see its module).
 """
 
 from __future__ import annotations
@@ -35,130 +33,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from typing import Any, Final, NoReturn, Protocol, TypeVar
-from urllib.parse import parse_qs, urlsplit
+from dataclasses import dataclass, field
+from typing import Any, Final, NoReturn, TypeVar
 
-from cutfs.codec.errors import CutfsError, SourceError
+from cutfs.codec.storage.object_location import ObjectLocation
+from cutfs.codec.storage.object_service import (
+    RETRYABLE_CODES,
+    ObjectChangedError,
+    ObjectService,
+    ObjectStoreError,
+    PinnedObject,
+    RetryableError,
+)
 
 #: The most one GET asks for; longer spans are split into parts fetched at once.
 MAX_GET_BYTES: Final = 8 << 20
 #: Ranges closer than this are fetched by one GET.
 MERGE_GAP_BYTES: Final = 64 << 10
-#: The URI schemes of the services this module speaks.
-SCHEMES: Final = ("s3", "gs", "az")
 #: How long a request may take, retries included, unless the caller says otherwise.
 DEFAULT_STORE_DEADLINE_SECONDS: Final = 60.0
 _T = TypeVar("_T")
 _GET_SIZE_EDGES: Final = (64 << 10, 256 << 10, 1 << 20, 8 << 20)
-_QUERY_NAMES: Final = {
-    "s3": frozenset({"endpoint_override", "scheme", "region", "endpoint_url"}),
-    "gs": frozenset({"endpoint_override", "scheme", "endpoint_url"}),
-    "az": frozenset({"endpoint_override", "scheme", "endpoint_url", "account"}),
-}
-
-
-def is_remote(source: str) -> bool:
-    """Whether ``source`` names object storage (``s3://``, ``gs://``) rather than a path."""
-    return source.startswith(tuple(f"{scheme}://" for scheme in SCHEMES))
-
-
-def split_object_url(url: str) -> tuple[ObjectLocation, str]:
-    """The location (the bucket, no prefix) and the key of one object's URL, such as a
-    recording's ``s3://bucket/audio/a.flac``; :class:`SourceError` when it names none.
-
-    Such URLs come from manifests, which others write: they may not carry parameters,
-    whose endpoint would send the reader's signed requests or tokens to any host; the
-    endpoint and credentials come from the reader's environment alone.
-    """
-    parts = urlsplit(url)
-    if parts.query or parts.fragment:
-        raise SourceError(
-            "an object's URL may not carry parameters (the endpoint and credentials come "
-            "from the environment: AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST, ...)",
-            where=url,
-        )
-    location = ObjectLocation.from_uri(url)
-    key = location.prefix.rstrip("/")
-    if not key:
-        raise SourceError("the URL names a bucket, not an object", where=url)
-    return replace(location, prefix=""), key
-
-
-class ObjectStoreError(CutfsError):
-    """The store did not answer, or refused, within the deadline."""
-
-
-class ObjectChangedError(ObjectStoreError):
-    """An object is no longer the version that was pinned (its ETag changed)."""
-
-
-class RetryableError(Exception):
-    """A failure worth another attempt (throttling, a server error, a lost connection);
-    raised by services, retried by :class:`ObjectStore` within its deadline."""
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectLocation:
-    """Where a store's objects are: a bucket, a key prefix, and how to reach the server.
-
-    Picklable: worker processes open their own :class:`ObjectStore` from it.
-    """
-
-    bucket: str
-    prefix: str
-    endpoint_url: str | None = None
-    region: str | None = None
-    scheme: str = "s3"
-    #: The storage account (Azure), when the URI names it.
-    account: str | None = None
-
-    @classmethod
-    def from_uri(cls, uri: str) -> ObjectLocation:
-        """``s3://bucket/prefix[?endpoint_override=host:port&scheme=http&region=r]``,
-        ``gs://bucket/prefix[?endpoint_override=host:port&scheme=http]`` or
-        ``az://container/prefix[?account=name&endpoint_url=...]``.
-
-        Raises :class:`SourceError` for anything else.
-        """
-        parts = urlsplit(uri)
-        if parts.scheme not in SCHEMES or not parts.netloc:
-            raise SourceError(
-                "expected s3://bucket/prefix, gs://bucket/prefix or az://container/prefix",
-                where=uri,
-            )
-        query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
-        unknown = set(query) - _QUERY_NAMES[parts.scheme]
-        if unknown:
-            raise SourceError(f"unknown query parameters: {', '.join(sorted(unknown))}", where=uri)
-        endpoint = query.get("endpoint_url")
-        if endpoint is None and "endpoint_override" in query:
-            endpoint = f"{query.get('scheme', 'https')}://{query['endpoint_override']}"
-        prefix = parts.path.strip("/")
-        return cls(
-            parts.netloc,
-            prefix + "/" if prefix else "",
-            endpoint,
-            query.get("region"),
-            parts.scheme,
-            query.get("account"),
-        )
-
-    def key(self, name: str) -> str:
-        return self.prefix + name
-
-    def where(self, name: str) -> str:
-        """An object's URI, for messages."""
-        return f"{self.scheme}://{self.bucket}/{self.key(name)}"
-
-    def uri(self) -> str:
-        """The location as a URI that :meth:`from_uri` reads back."""
-        query = f"?endpoint_url={self.endpoint_url}" if self.endpoint_url else ""
-        if self.region:
-            query += ("&" if query else "?") + f"region={self.region}"
-        if self.account:
-            query += ("&" if query else "?") + f"account={self.account}"
-        return f"{self.scheme}://{self.bucket}/{self.prefix}{query}"
 
 
 @dataclass
@@ -203,92 +98,6 @@ class ObjectStoreCounters:
             "errors": self.errors,
             **{f"gets_up_to_{_size_name(edge)}": n for edge, n in self.get_sizes.items()},
         }
-
-
-@dataclass(frozen=True, slots=True)
-class PinnedObject:
-    """An object's size and the version (S3 ETag, GCS generation) every read must match."""
-
-    size: int
-    etag: str
-
-
-#: Runs one attempt of an operation on an object, again while it raises
-#: :class:`RetryableError` and the deadline allows (see :meth:`ObjectStore.retried`).
-Retried = Callable[[str, Callable[[], _T]], _T]
-
-
-class ObjectService(Protocol):
-    """What one kind of object storage does for an :class:`ObjectStore`.
-
-    Each method is one attempt: it raises :class:`RetryableError` for what is worth
-    another (the store retries within its deadline), :class:`ObjectChangedError` when
-    a precondition on a version failed, :class:`ObjectStoreError` for the rest.  Methods
-    that send several requests (an upload in parts) take ``retried`` to retry each.
-    Thread-safe.
-    """
-
-    def head(self, key: str) -> PinnedObject | None:
-        """The object's size and version, ``None`` if there is none."""
-        ...
-
-    def ranged_get(self, key: str, pinned: PinnedObject, start: int, stop: int) -> RangedGet:
-        """How to ask for bytes ``[start, stop)`` of the pinned version."""
-        ...
-
-    def check_version(self, headers: Any, pinned: PinnedObject) -> bool:
-        """Whether a reply's headers say it is of the pinned version (where they say)."""
-        ...
-
-    def error_code(self, body: bytes) -> str:
-        """The service's code for the error a reply's body describes, or ''."""
-        ...
-
-    def refused(self, key: str, status: int) -> None:
-        """A request was refused for its credentials (401, 403): sign again next time."""
-        ...
-
-    def put_file(self, key: str, path: str, part_bytes: int, retried: Retried[Any]) -> str:
-        """Upload a file as the object, in parts of ``part_bytes`` when larger; its version."""
-        ...
-
-    def put_bytes(self, key: str, data: bytes) -> str: ...
-
-    def list_page(self, prefix: str, token: str | None) -> tuple[dict[str, int], str | None]:
-        """Keys under ``prefix`` with their sizes, and the token of the next page."""
-        ...
-
-    def delete(self, key: str) -> None:
-        """Remove the object; none there is no error."""
-        ...
-
-    def delete_many(self, keys: Sequence[str], retried: Retried[Any]) -> None: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RangedGet:
-    """One conditional ranged GET: its URL and headers."""
-
-    url: str
-    headers: dict[str, str]
-
-
-#: Error codes worth another attempt, of every service (S3's, GCS's reasons).
-RETRYABLE_CODES: Final = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "RequestTimeout",
-        "InternalError",
-        "rateLimitExceeded",
-        "userRateLimitExceeded",
-        "backendError",
-        "internalError",
-    }
-)
 
 
 def open_service(
@@ -670,14 +479,6 @@ class ObjectStore:
 
     def _where(self, name: str) -> str:
         return self.location.where(name)
-
-
-def xml_error_code(body: bytes) -> str:
-    """The ``<Code>`` of an XML error document (S3's, Azure's), or ''."""
-    start, end = body.find(b"<Code>"), body.find(b"</Code>")
-    if start < 0 or end < start:
-        return ""
-    return body[start + len(b"<Code>") : end].decode("ascii", "replace")[:64]
 
 
 def _size_name(size: int) -> str:

@@ -17,13 +17,8 @@ from collections.abc import Iterator, Sequence
 
 from cutfs.codec.storage.byte_store import ByteStore
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES, CachingStore
-from cutfs.codec.storage.object_store import (
-    DEFAULT_STORE_DEADLINE_SECONDS,
-    ObjectLocation,
-    ObjectStore,
-    is_remote,
-    split_object_url,
-)
+from cutfs.codec.storage.object_location import ObjectLocation, is_remote, split_object_url
+from cutfs.codec.storage.object_store import DEFAULT_STORE_DEADLINE_SECONDS, ObjectStore
 
 
 class RoutingStore:

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
-from cutfs.codec.storage.object_store import (
+from cutfs.codec.storage.object_location import ObjectLocation
+from cutfs.codec.storage.object_service import (
     ObjectChangedError,
-    ObjectLocation,
     ObjectStoreError,
     PinnedObject,
     RangedGet,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from cutfs.codec.errors import SourceError
-from cutfs.codec.storage.object_store import split_object_url
+from cutfs.codec.storage.object_location import split_object_url
 from cutfs.codec.trust.command_runner import CommandLimits
 
 #: Default of ``--index-cache-size``.

@@ -39,7 +39,7 @@ from cutfs.codec.packing.plan import make_plan
 from cutfs.codec.packing.progress import PackProgress
 from cutfs.codec.packing.status import read_status
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
-from cutfs.codec.storage.object_store import is_remote
+from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.trust.clean_start import absolute, clean_environment, python_command
 from cutfs.codec.trust.command_runner import CommandLimits
 from cutfs.codec.trust.source_policy import DEFAULT_CACHE_QUOTA_BYTES

@@ -33,7 +33,7 @@ from cutfs.codec.library import Library
 from cutfs.codec.packing.plan import refuse_uncommitted
 from cutfs.codec.sources.source_index import SourceIndex, default_cache_root, prepare_index
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
-from cutfs.codec.storage.object_store import is_remote
+from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.trust.clean_start import is_clean
 from cutfs.codec.trust.command_runner import CommandLimits
 from cutfs.codec.trust.source_policy import DEFAULT_CACHE_QUOTA_BYTES, SourcePolicy
