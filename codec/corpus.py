@@ -18,14 +18,9 @@ import numpy as np
 from cutfs.codec.audio.cut import Cut, seconds_to_frames
 from cutfs.codec.audio.pcm import Int16Array
 from cutfs.codec.catalogue.path_escape import escape_id
-from cutfs.codec.catalogue.remote_shards import open_remote_shards
-from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
-from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.library import Library
-from cutfs.codec.packing.plan import refuse_uncommitted
-from cutfs.codec.sources.source_index import SourceIndex, default_cache_root, prepare_index
-from cutfs.codec.storage.object_location import is_remote
+from cutfs.codec.opener import open_source
 from cutfs.codec.trust.source_policy import SourcePolicy
 
 
@@ -38,21 +33,13 @@ class Corpus:
 
     def __init__(self, source: str | os.PathLike[str], cache_dir: str | None = None) -> None:
         """``cache_dir`` keeps the index of a source served in place (default: as a mount)."""
-        path = os.fspath(source)
-        # Absolute, as a mount makes it: the index names files inside it by their paths.
-        cache_root = os.path.abspath(cache_dir) if cache_dir else default_cache_root()
-        if is_remote(path):
-            self._library: Library = open_remote_shards(path, cache_root)
-        elif os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST_FILE)):
-            self._library = ShardSet(path)
-        elif os.path.exists(path):
-            refuse_uncommitted(path)
-            # Read with the caller's own rights, as `cutfs pack` reads: no confinement.
-            policy = SourcePolicy.everything()
-            directory = prepare_index(path, cache_root, policy)
-            self._library = SourceIndex(directory, policy=policy)
-        else:
-            raise SourceError("no such file or directory", where=path)
+        # Read with the caller's own rights, as `cutfs pack` reads: no confinement.  The
+        # cache is absolute, as a mount makes it: the index names files by their paths.
+        self._library: Library = open_source(
+            os.fspath(source),
+            os.path.abspath(cache_dir) if cache_dir else None,
+            SourcePolicy.everything(),
+        )
 
     @property
     def cut_ids(self) -> Sequence[str]:

@@ -12,7 +12,6 @@ whole recording) in a decoder worker, never on its event loop.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -47,20 +46,6 @@ class LibrarySpec(Protocol):
     def open(self, policy: SourcePolicy | None) -> Library:
         """Open the library; ``policy`` is what a source served in place was prepared with."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class LocalLibrary:
-    """A shard directory or a source index directory on a file system."""
-
-    directory: str
-
-    @property
-    def where(self) -> str:
-        return self.directory
-
-    def open(self, policy: SourcePolicy | None) -> Library:
-        return open_library(self.directory, policy)
 
 
 class Library(Protocol):
@@ -166,16 +151,3 @@ class Library(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def open_library(directory: str, policy: SourcePolicy | None = None) -> Library:
-    """Open a shard directory or a source index directory, whichever ``directory`` is.
-
-    ``policy`` is what a source index was prepared with (shards need none).
-    """
-    from cutfs.codec.catalogue.shard_set import ShardSet  # noqa: PLC0415 - the two import this module
-    from cutfs.codec.sources.source_index import INDEX_FILE, SourceIndex  # noqa: PLC0415
-
-    if os.path.exists(os.path.join(directory, INDEX_FILE)):
-        return SourceIndex(directory, load_cuts=False, policy=policy)
-    return ShardSet(directory, load_cuts=False)

@@ -9,6 +9,7 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,10 +38,26 @@ from cutfs.codec.catalogue.shard_format import (
     is_plain_file_name,
 )
 from cutfs.codec.errors import ShardFormatError
-from cutfs.codec.library import AudioShape, LibrarySpec, LocalLibrary
+from cutfs.codec.library import AudioShape, LibrarySpec
 from cutfs.codec.storage.blob import Blob
 from cutfs.codec.storage.byte_store import ByteStore
 from cutfs.codec.storage.local_store import LocalStore, file_stamp
+from cutfs.codec.trust.source_policy import SourcePolicy
+
+
+@dataclass(frozen=True, slots=True)
+class PackedShards:
+    """How a decoder worker opens a local shard directory: without its cuts table
+    (picklable)."""
+
+    directory: str
+
+    @property
+    def where(self) -> str:
+        return self.directory
+
+    def open(self, policy: SourcePolicy | None) -> ShardSet:
+        return ShardSet(self.directory, load_cuts=False)
 
 
 class ShardSet:
@@ -75,7 +92,7 @@ class ShardSet:
         opens the same shards (default: this directory).
         """
         self.directory = directory
-        self.spec: LibrarySpec = spec or LocalLibrary(os.path.abspath(directory))
+        self.spec: LibrarySpec = spec or PackedShards(os.path.abspath(directory))
         self.store: ByteStore = store or LocalStore(directory)
         self.manifest = _read_manifest(catalogue or directory)
         self.version = int(self.manifest["version"])

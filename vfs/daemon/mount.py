@@ -25,13 +25,10 @@ import pyfuse3
 import trio
 
 from cutfs.codec.audio.output_format import OutputFormat
-from cutfs.codec.catalogue.remote_shards import open_remote_shards
-from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
-from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
-from cutfs.codec.packing.plan import refuse_uncommitted
-from cutfs.codec.sources.source_index import SourceIndex, default_cache_root, prepare_index
+from cutfs.codec.opener import open_source
+from cutfs.codec.sources.source_index import SourceIndex, default_cache_root
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.trust.clean_start import is_clean
@@ -160,50 +157,29 @@ def _settled(options: MountOptions) -> MountOptions:
     return replace(options, ownership=replace(options.ownership, time_ns=time.time_ns()))
 
 
-def open_source(
+def _open_library(
     source: str,
     cache_dir: str | None,
-    policy: SourcePolicy | None = None,
+    policy: SourcePolicy | None,
     *,
-    disk_cache_bytes: int = DEFAULT_DISK_BYTES,
-    deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
+    disk_cache_bytes: int,
+    deadline_seconds: float,
 ) -> Library:
-    """A shard directory (local, or in ``s3://``, ``gs://`` or ``az://`` object storage), or
-    any other source prepared for serving in place.  ``disk_cache_bytes`` bounds the piece
-    cache of shards in object storage, or of the objects a source's recordings name;
-    ``deadline_seconds`` is how long one request to object storage may take.
-
-    ``policy`` confines a source served in place (default: its own location,
-    no commands).  Raises :class:`MountError` with :attr:`ExitCode.BAD_SHARDS`
-    when the source cannot be read.
-    """
+    """:func:`cutfs.codec.opener.open_source`, its refusals logged; raises
+    :class:`MountError` with :attr:`ExitCode.BAD_SHARDS` when the source cannot be read."""
     try:
-        library: Library
-        if is_remote(source):
-            return open_remote_shards(
-                source,
-                cache_dir or default_cache_root(),
-                disk_cache_bytes=disk_cache_bytes,
-                deadline_seconds=deadline_seconds,
-            )
-        if os.path.isdir(source) and os.path.exists(os.path.join(source, MANIFEST_FILE)):
-            library = ShardSet(source, cache_root=cache_dir or default_cache_root())
-            return library
-        if not os.path.exists(source):
-            raise SourceError("no such file or directory", where=source)
-        refuse_uncommitted(source)
-        policy = policy or SourcePolicy.for_source(source)
-        directory = prepare_index(source, cache_dir or default_cache_root(), policy)
-        index = SourceIndex(
-            directory,
-            policy=policy,
+        library = open_source(
+            source,
+            cache_dir,
+            policy,
             disk_cache_bytes=disk_cache_bytes,
             deadline_seconds=deadline_seconds,
         )
-        _log_refusals(index)
-        return index
     except (ShardFormatError, SourceError) as exc:
         raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
+    if isinstance(library, SourceIndex):
+        _log_refusals(library)
+    return library
 
 
 def cache_root_for(explicit: str | None, user: ServingUser | None) -> str:
@@ -299,7 +275,7 @@ def serve(
     cache_dir = cache_root_for(options.cache_dir, user)
     with ExitStack() as stack:
         with acting_as(user):
-            library = open_source(
+            library = _open_library(
                 shard_dir,
                 cache_dir,
                 policy,

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from cutfs.codec.catalogue.mapped_table import release_mapped_pages
+from cutfs.codec.opener import open_source
 from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.daemon.doorbell import Doorbell
 from cutfs.vfs.daemon.log_channel import LogChannel, handler
@@ -420,9 +421,6 @@ def _serve_clone(
     device: int,
     slot: RequestSlot | None,
 ) -> None:
-    # Imported here, not at the top: the mount module imports this one to start the processes.
-    from cutfs.vfs.daemon.mount import open_source  # noqa: PLC0415
-
     options = setup.options
     with ExitStack() as stack:
         with acting_as(setup.user):

@@ -156,8 +156,7 @@ def preload_modules() -> None:
 
     import pyarrow as pa  # noqa: PLC0415
 
-    import cutfs.codec.catalogue.shard_set  # noqa: PLC0415 - open_library imports these lazily
-    import cutfs.codec.sources.source_index  # noqa: F401, PLC0415
+    import cutfs.codec.opener  # noqa: F401, PLC0415 - imports every kind of library
 
     with contextlib.suppress(ImportError):
         import pandas  # noqa: F401, PLC0415 - pyarrow imports it on first use when installed
