@@ -27,12 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
 
-from cutfs.vfs.cli.mounted import mounted
-
 if TYPE_CHECKING:
     from cutfs.codec.corpus import Corpus
     from cutfs.codec.cut_dataset import CutDataset
     from cutfs.codec.packing.packer import PackReport
+    from cutfs.vfs.cli.mounted import mounted
 
 __all__ = ["CutDataset", "__version__", "mounted", "open", "pack"]
 
@@ -42,6 +41,10 @@ def __getattr__(name: str) -> Any:
         from cutfs.codec.cut_dataset import CutDataset  # noqa: PLC0415
 
         return CutDataset
+    if name == "mounted":
+        from cutfs.vfs.cli.mounted import mounted  # noqa: PLC0415
+
+        return mounted
     raise AttributeError(f"module 'cutfs' has no attribute {name!r}")
 
 

@@ -107,3 +107,46 @@ def test_metrics_parse_as_prometheus_text(shard_dir: str, tmp_path: Path) -> Non
     assert buckets[-1] == count >= 1
     assert families["cutfs_workers_alive"].samples[0].value == 1
     assert families["cutfs_cache_capacity_bytes"].type == "gauge"
+
+
+def test_the_readme_lists_every_mount_option_as_declared() -> None:
+    """README's table of mount options is the one made from their declarations."""
+    readme = (REPOSITORY / "README.md").read_text()
+    begin = readme.index("<!-- mount options:")
+    table = readme[readme.index("\n", begin) + 1 : readme.index("<!-- end of mount options -->")]
+    assert table == _run("manpage", "--markdown").stdout, "run: cutfs manpage --markdown"
+    assert "| `--cache-size BYTES` | `cache_size=BYTES` | 512M |" in table
+
+
+def test_every_mount_option_has_one_flag_one_key_and_parses_its_own_default() -> None:
+    from cutfs.vfs.cli.mount_arguments import declared  # noqa: PLC0415
+
+    flags, keys = [], []
+    for declared_field, spelling in declared():
+        flags.append(spelling.flag)
+        keys.append(spelling.key)
+        default = declared_field.default
+        if spelling.parse is not None and default not in (None, ()) and spelling.show is not str:
+            assert spelling.parse(spelling.show(default)) == default, spelling.flag
+    assert len(set(flags)) == len(flags) and len(set(keys)) == len(keys)
+
+
+@pytest.mark.parametrize(
+    ("o_options", "expected"),
+    [
+        ("cache_size=2G,serving_processes=3", {"cache_bytes": 2 << 30, "serving_processes": 3}),
+        ("no_decode_in_turn,workers=2", {"decode_in_turn": False, "workers": 2}),
+        ("allow_root=/a,allow_root=/b", {"allowed_roots": ("/a", "/b")}),
+        ("ro,nosuid,x-systemd.automount,file_mode=0440", {"file_mode": 0o440}),
+    ],
+)
+def test_o_options_fold_into_the_same_mount_options_as_flags(
+    o_options: str, expected: dict[str, object]
+) -> None:
+    from cutfs.vfs.cli.mount_arguments import fold_o_options, mount_options  # noqa: PLC0415
+
+    args = _parser().parse_args(["mount", "src", "mnt", "-o", o_options])
+    fold_o_options(args, args.options)
+    options = mount_options(args)
+    for name, value in expected.items():
+        assert getattr(options, name) == value

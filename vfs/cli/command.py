@@ -8,7 +8,6 @@ import json
 import logging
 import logging.handlers
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,6 @@ from typing import IO, Any, ClassVar, NoReturn
 from tqdm import tqdm
 
 from cutfs import __version__
-from cutfs.codec.audio.output_format import OutputFormat
 from cutfs.codec.catalogue.shard_upgrade import upgrade_shards
 from cutfs.codec.catalogue.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.errors import CutfsError, ShardFormatError
@@ -38,26 +36,22 @@ from cutfs.codec.packing.partition_packer import pack_partition
 from cutfs.codec.packing.plan import make_plan
 from cutfs.codec.packing.progress import PackProgress
 from cutfs.codec.packing.status import read_status
-from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.trust.clean_start import absolute, clean_environment, python_command
-from cutfs.codec.trust.command_runner import CommandLimits
-from cutfs.codec.trust.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.vfs.cli.manpage import render_manpage
-from cutfs.vfs.daemon.mount import (
-    DEFAULT_PROCESSES_IN_TURN,
-    ExitCode,
-    MountError,
-    MountOptions,
-    serve,
+from cutfs.vfs.cli.mount_arguments import (
+    add_mount_arguments,
+    daemon_options,
+    fold_o_options,
+    markdown_table,
+    mount_options,
+    o_options_help,
 )
-from cutfs.vfs.frames.decode_pool import DEFAULT_DEADLINE_SECONDS
-from cutfs.vfs.fuse.operations import Ownership
-from cutfs.vfs.tree.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE, Windows
+from cutfs.vfs.daemon.mount import ExitCode, MountError, serve
+from cutfs.vfs.daemon.mount_options import DaemonOptions, parse_size
+from cutfs.vfs.tree.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE
 
 log = logging.getLogger("cutfs")
-
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 _COMMANDS = ("pack", "mount", "upgrade", "umount", "stats", "completion", "manpage")
@@ -87,9 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = arguments
     if args.command == "mount":
         try:
-            _apply_mount_options(args)
-            _windows(args)
-            _output_format(args)
+            fold_o_options(args, args.options)
+            options = mount_options(args)
+            _ = options.windows, options.output_format  # checked here, for a usage error
         except ValueError as exc:
             parser.error(str(exc))
     _make_paths_absolute(args)
@@ -104,16 +98,13 @@ def _make_paths_absolute(args: argparse.Namespace) -> None:
     def local(path: str) -> str:
         return path if is_remote(path) else absolute(path)
 
-    for name in ("shard_dir", "output", "directory", "mountpoint", "cache_dir", "slurm_folder"):
+    for name in ("shard_dir", "output", "directory", "mountpoint", "slurm_folder"):
         value = getattr(args, name, None)
         if isinstance(value, str):
             setattr(args, name, local(value))
     if isinstance(getattr(args, "sources", None), list):
         args.sources = [local(source) for source in args.sources]
-    if isinstance(getattr(args, "allow_roots", None), list):
-        args.allow_roots = [absolute(root) for root in args.allow_roots]
-    if getattr(args, "log_file", None) not in (None, "syslog"):
-        args.log_file = absolute(args.log_file)
+    # The mount's own path options are made absolute as they are parsed (parse_path).
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -193,210 +184,14 @@ def _parser() -> argparse.ArgumentParser:
     mount_parser.add_argument(
         "mountpoint", metavar="MOUNTPOINT", help="an existing, empty directory to mount on"
     )
-    mount_parser.add_argument(
-        "-f", "--foreground", action="store_true", help="stay in the foreground, logging to stderr"
-    )
-    mount_parser.add_argument(
-        "--cache-size",
-        type=_size,
-        default=512 << 20,
-        metavar="BYTES",
-        help="decoded-audio cache, e.g. 2G (default 512M)",
-    )
-    mount_parser.add_argument(
-        "--cache-dir",
-        metavar="DIR",
-        help="where indexes of sources served in place are kept, so that the next mount "
-        "starts at once (default: $CUTFS_CACHE_DIR, else /var/cache/cutfs for root, "
-        "~/.cache/cutfs for others)",
-    )
-    mount_parser.add_argument(
-        "--disk-cache-size",
-        type=_size,
-        default=DEFAULT_DISK_BYTES,
-        metavar="BYTES",
-        help="for shards in object storage, and objects that a source's recordings name: "
-        "the most fetched pieces kept on disk below --cache-dir, shared by the mount's "
-        "workers and later mounts (default 20G)",
-    )
-    mount_parser.add_argument(
-        "--sample-rate",
-        type=int,
-        metavar="HZ",
-        help="serve every file at this rate: the whole recording resampled (the filter of "
-        "scipy's resample_poly), cut where the file starts; sizes stay exact",
-    )
-    mount_parser.add_argument(
-        "--mono", action="store_true", help="serve every file as the mean of its channels"
-    )
-    mount_parser.add_argument(
-        "--float32", action="store_true", help="serve 32-bit float WAV instead of 16-bit PCM"
-    )
-    mount_parser.add_argument(
-        "--window",
-        type=float,
-        metavar="SECONDS",
-        help="add windows/<recording>/<start>-<end>.wav: every recording in windows of this "
-        "length (the last one ends with the recording); no audio is written",
-    )
-    mount_parser.add_argument(
-        "--overlap",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="how much consecutive windows overlap (default 0)",
-    )
-    mount_parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="with --no-decode-in-turn, the decoder processes; 0 decodes in threads "
-        "(default: cores, at most 4)",
-    )
-    mount_parser.add_argument(
-        "--serving-processes",
-        type=int,
-        default=None,
-        metavar="N",
-        help="processes answering the mount's requests, which decode what they serve, "
-        "one request at a time; the daemon besides them keeps the read timeout and "
-        "replaces a process that crashes (default: the cores the daemon may use, at "
-        f"most {DEFAULT_PROCESSES_IN_TURN}); with --no-decode-in-turn, event loops that "
-        "hand decoding to the workers, the daemon included (default 1; workers and cache "
-        "size are split among them)",
-    )
-    mount_parser.add_argument(
-        "--decode-in-turn",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="serving processes decode what they serve themselves (the default: the "
-        "fewest hand-offs per cold cut); --no-decode-in-turn hands every decode to "
-        "--workers decoder processes instead, so one event loop keeps answering lookups "
-        "and cached reads while they decode",
-    )
-    mount_parser.add_argument(
-        "--read-timeout",
-        type=float,
-        default=DEFAULT_DEADLINE_SECONDS,
-        metavar="SECONDS",
-        help="fail a read with EIO when its data takes longer than this (default "
-        f"{DEFAULT_DEADLINE_SECONDS:g}), instead of hanging on stalled storage",
-    )
-    mount_parser.add_argument(
-        "--allow-other",
-        action="store_true",
-        help="let other users read the mount (permissions are still checked; needs "
-        "user_allow_other in /etc/fuse.conf when not root)",
-    )
-    mount_parser.add_argument(
-        "--user",
-        metavar="USER",
-        help="started as root, read the source as this user (default: the owner of SOURCE; "
-        "root only when SOURCE belongs to root)",
-    )
-    mount_parser.add_argument(
-        "--allow-root",
-        dest="allow_roots",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="let a source served in place read audio files under DIR too (by default only "
-        "files beneath the source itself); may be repeated",
-    )
-    mount_parser.add_argument(
-        "--allow-objects",
-        dest="allow_objects",
-        action="append",
-        default=[],
-        metavar="PREFIX",
-        help="let a source served in place fetch the objects its manifests name (Lhotse url "
-        "sources) beneath PREFIX, e.g. s3://corpus/audio/, with the daemon's credentials; "
-        "each is fetched whole into the index cache on first use (none by default); may be "
-        "repeated",
-    )
-    mount_parser.add_argument(
-        "--allow-commands",
-        action="store_true",
-        help="run the shell commands of a source served in place (Kaldi 'cmd |' lines, Lhotse "
-        "command sources): off by default; even then only from files that belong to the user "
-        "the daemon reads as (never root) and that no one else can write",
-    )
-    mount_parser.add_argument(
-        "--command-timeout",
-        type=float,
-        default=CommandLimits().timeout_seconds,
-        metavar="SECONDS",
-        help="with --allow-commands, kill a command (its whole process group) that runs "
-        f"longer than this (default {CommandLimits().timeout_seconds:g}); its output is also "
-        f"capped at {CommandLimits().max_output_bytes >> 30} GiB",
-    )
-    mount_parser.add_argument(
-        "--index-cache-size",
-        type=_size,
-        default=DEFAULT_CACHE_QUOTA_BYTES,
-        metavar="BYTES",
-        help="the most audio a source served in place may make the index cache hold "
-        "(command output, Parquet rows, recordings transcoded to FLAC), e.g. 20G "
-        f"(default {DEFAULT_CACHE_QUOTA_BYTES >> 30}G); past it those recordings fail "
-        "with EIO and a log line",
-    )
-    mount_parser.add_argument("--uid", type=int, help="owner shown for every file")
-    mount_parser.add_argument("--gid", type=int, help="group shown for every file")
-    mount_parser.add_argument(
-        "--file-mode",
-        type=_octal,
-        default=0o444,
-        metavar="MODE",
-        help="permission bits of files (default 0444)",
-    )
-    mount_parser.add_argument(
-        "--dir-mode",
-        type=_octal,
-        default=0o555,
-        metavar="MODE",
-        help="permission bits of directories (default 0555)",
-    )
-    mount_parser.add_argument(
-        "--log-file",
-        metavar="PATH",
-        help="log here, or 'syslog' (default: stderr in the foreground, else syslog)",
-    )
-    mount_parser.add_argument(
-        "--direct-io",
-        action="store_true",
-        help="bypass the kernel page cache for WAV files (for benchmarks; slower when warm)",
-    )
-    mount_parser.add_argument(
-        "--read-ahead-kb",
-        type=int,
-        metavar="KIB",
-        help="set the mount's read-ahead through sysfs after mounting (root only; default "
-        "1024 as root, so that a 10 s cut is one read request; 0 turns read-ahead off)",
-    )
-    mount_parser.add_argument(
-        "--max-background",
-        type=int,
-        metavar="N",
-        help="set the kernel's background FUSE requests through sysfs (root, fusectl mounted)",
-    )
-    mount_parser.add_argument(
-        "--profile",
-        action="store_true",
-        help="time every phase of the read path (shard slice, open and seek, decode, convert, "
-        "cached or decoded) into .cutfs/stats",
-    )
-    mount_parser.add_argument("--debug", action="store_true", help="log at debug level")
+    add_mount_arguments(mount_parser)
     mount_parser.add_argument(
         "-o",
         dest="options",
         action="append",
         default=[],
         metavar="OPTIONS",
-        help="mount(8)-style options: ro, allow_other, cache_size=4G, workers=N, "
-        "read_timeout=S, uid=N, gid=N, file_mode=0444, dir_mode=0555, log_file=PATH, "
-        "cache_dir=DIR, window=S, overlap=S, sample_rate=HZ, mono, float32, debug, user=USER, "
-        "allow_root=DIR, allow_objects=PREFIX, allow_commands, command_timeout=S, "
-        "index_cache_size=BYTES, serving_processes=N, decode_in_turn, no_decode_in_turn",
+        help=o_options_help(),
     )
     mount_parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     mount_parser.set_defaults(command="mount", run=_mount)
@@ -405,21 +200,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _octal(text: str) -> int:
-    try:
-        value = int(text, 8)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an octal mode: {text!r}") from None
-    if not 0 <= value <= 0o7777:
-        raise argparse.ArgumentTypeError(f"mode out of range: {text!r}")
-    return value
-
-
 def _size(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 4G)")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -778,134 +563,19 @@ class _Progress:
 # -- mount -------------------------------------------------------------------------------------
 
 
-#: -o options that only mount(8) or the kernel care about: accepted and ignored.
-_IGNORED_OPTIONS = frozenset(
-    {
-        "ro",
-        "defaults",
-        "dev",
-        "nodev",
-        "suid",
-        "nosuid",
-        "exec",
-        "noexec",
-        "auto",
-        "noauto",
-        "user",
-        "users",
-        "nouser",
-        "owner",
-        "group",
-        "_netdev",
-        "nofail",
-        "relatime",
-        "noatime",
-        "atime",
-        "nodiratime",
-        "async",
-        "sync",
-        "default_permissions",
-    }
-)
-
-
-def _apply_mount_options(args: argparse.Namespace) -> None:
-    """Fold ``-o key=value,...`` into the parsed arguments (``-o`` wins)."""
-    setters: dict[str, tuple[str, Callable[[str], object]]] = {
-        "cache_size": ("cache_size", _size),
-        "workers": ("workers", int),
-        "read_timeout": ("read_timeout", float),
-        "uid": ("uid", int),
-        "gid": ("gid", int),
-        "file_mode": ("file_mode", _octal),
-        "dir_mode": ("dir_mode", _octal),
-        "log_file": ("log_file", str),
-        "cache_dir": ("cache_dir", str),
-        "window": ("window", float),
-        "sample_rate": ("sample_rate", int),
-        "overlap": ("overlap", float),
-        "read_ahead_kb": ("read_ahead_kb", int),
-        "max_background": ("max_background", int),
-        "user": ("user", str),
-        "command_timeout": ("command_timeout", float),
-        "index_cache_size": ("index_cache_size", _size),
-        "disk_cache_size": ("disk_cache_size", _size),
-        "serving_processes": ("serving_processes", int),
-    }
-    for group in args.options:
-        for option in filter(None, (part.strip() for part in group.split(","))):
-            key, has_value, value = option.partition("=")
-            if key in ("rw",):
-                raise ValueError("cutfs mounts are read-only: drop the 'rw' option")
-            if key in _IGNORED_OPTIONS or key.startswith("x-"):
-                continue
-            flags = (
-                "allow_other",
-                "debug",
-                "foreground",
-                "direct_io",
-                "profile",
-                "mono",
-                "float32",
-                "allow_commands",
-                "decode_in_turn",
-            )
-            if key in flags and not has_value:
-                setattr(args, key, True)
-                continue
-            if key == "no_decode_in_turn" and not has_value:
-                args.decode_in_turn = False
-                continue
-            if key == "allow_root" and has_value:
-                args.allow_roots.append(value)
-                continue
-            if key == "allow_objects" and has_value:
-                args.allow_objects.append(value)
-                continue
-            if key not in setters or not has_value:
-                raise ValueError(f"unknown mount option {option!r}")
-            attribute, parse = setters[key]
-            try:
-                setattr(args, attribute, parse(value))
-            except (ValueError, argparse.ArgumentTypeError) as exc:
-                raise ValueError(f"bad value in mount option {option!r}: {exc}") from None
-
-
 def _mount(args: argparse.Namespace) -> int:
     if not args.foreground:
         return _mount_in_background(args)
     if args.ready_fd is not None and args.log_file is None:
         args.log_file = "syslog"  # started in the background: stderr goes nowhere
-    _configure_logging(args)
-    options = MountOptions(
-        cache_bytes=args.cache_size,
-        workers=_workers(args),
-        read_timeout_seconds=args.read_timeout,
-        allow_other=args.allow_other,
-        ownership=Ownership(args.uid, args.gid, args.file_mode, args.dir_mode),
-        direct_io=args.direct_io,
-        profile=args.profile,
-        read_ahead_kb=args.read_ahead_kb,
-        max_background=args.max_background,
-        cache_dir=args.cache_dir,
-        windows=_windows(args),
-        output_format=_output_format(args),
-        allowed_roots=tuple(args.allow_roots),
-        allowed_objects=tuple(args.allow_objects),
-        allow_commands=args.allow_commands,
-        command_limits=CommandLimits(timeout_seconds=args.command_timeout),
-        cache_quota_bytes=args.index_cache_size,
-        user=args.user,
-        disk_cache_bytes=args.disk_cache_size,
-        serving_processes=(
-            args.serving_processes
-            if args.serving_processes is not None
-            else min(len(os.sched_getaffinity(0)), DEFAULT_PROCESSES_IN_TURN)
-            if args.decode_in_turn
-            else 1
-        ),
-        decode_in_turn=args.decode_in_turn,
-    )
+    _configure_logging(daemon_options(args))
+    options = mount_options(args)
+    if args.workers is not None and options.decode_in_turn:
+        log.warning(
+            "--workers is used only with --no-decode-in-turn: the %s serving processes "
+            "decode what they serve (--serving-processes)",
+            "requested" if args.serving_processes is not None else "default",
+        )
     ready_fd: int | None = args.ready_fd
 
     def on_ready() -> None:
@@ -926,30 +596,6 @@ def _mount(args: argparse.Namespace) -> int:
         _report_failure(ready_fd, ExitCode.ERROR, str(exc))
         return ExitCode.ERROR
     return ExitCode.OK
-
-
-def _workers(args: argparse.Namespace) -> int:
-    """Decoder processes (``--workers``), which only ``--no-decode-in-turn`` uses."""
-    workers: int | None = args.workers
-    if workers is None:
-        return min(os.cpu_count() or 1, 4)
-    if args.decode_in_turn:
-        log.warning(
-            "--workers is used only with --no-decode-in-turn: the %s serving processes "
-            "decode what they serve (--serving-processes)",
-            "requested" if args.serving_processes is not None else "default",
-        )
-    return max(workers, 0)
-
-
-def _output_format(args: argparse.Namespace) -> OutputFormat:
-    return OutputFormat(args.sample_rate, args.mono, args.float32)
-
-
-def _windows(args: argparse.Namespace) -> Windows | None:
-    if args.window is None:
-        return None
-    return Windows(args.window, args.overlap)
 
 
 def _report_failure(ready_fd: int | None, exit_code: int, message: str) -> None:
@@ -1027,7 +673,7 @@ def _detach_output() -> None:
         os.close(null)
 
 
-def _configure_logging(args: argparse.Namespace) -> None:
+def _configure_logging(args: DaemonOptions) -> None:
     level = logging.DEBUG if args.debug else logging.INFO
     handler: logging.Handler
     if args.log_file == "syslog":
@@ -1114,6 +760,11 @@ def _add_tool_parsers(commands: Any) -> None:
         description="Print cutfs(1), generated from this command line, for example: "
         "cutfs manpage > /usr/local/share/man/man1/cutfs.1",
     )
+    manpage_parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the table of mount options of README.md instead",
+    )
     manpage_parser.set_defaults(command="manpage", run=_manpage)
 
 
@@ -1165,6 +816,9 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def _manpage(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(markdown_table(), end="")
+        return ExitCode.OK
     print(render_manpage(_parser(), {"pack": _pack_step_parser()}), end="")
     return ExitCode.OK
 

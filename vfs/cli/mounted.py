@@ -3,7 +3,8 @@
 The mount is made by the ``cutfs`` command, exactly as a user would run it (a daemon in
 the background, ready when the command returns, started clean: see
 :mod:`cutfs.codec.trust.clean_start`), and is always unmounted on the way out,
-errors included.  Options are the command's long options with ``_`` for ``-``:
+errors included.  Options are the mount options' ``-o`` keys (the long options with ``_``
+for ``-``, see :mod:`cutfs.vfs.daemon.mount_options`):
 ``mounted(src, cache_size="2G", serving_processes=4, allow_other=True)`` runs
 ``cutfs mount --cache-size 2G --serving-processes 4 --allow-other src MOUNTPOINT``.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from cutfs.codec.errors import CutfsError
 from cutfs.codec.trust.clean_start import clean_environment, python_command
+from cutfs.vfs.cli.mount_arguments import flags_for
 
 
 class MountFailedError(CutfsError):
@@ -34,14 +36,15 @@ def mounted(
 ) -> Iterator[Path]:
     """Mount ``source`` at ``mountpoint`` (a new temporary directory if ``None``) and yield it.
 
-    ``True`` options become flags, ``False`` and ``None`` are left out, lists repeat
-    the option.  Raises :class:`MountFailedError` with the command's message when the
-    mount fails.
+    ``True`` options become flags, ``False`` their ``--no-`` form where there is one (else
+    nothing), ``None`` nothing; lists repeat the option.  Raises TypeError for a keyword
+    that is no mount option, and :class:`MountFailedError` with the command's message when
+    the mount fails.
     """
     temporary = mountpoint is None
     target = Path(tempfile.mkdtemp(prefix="cutfs-")) if mountpoint is None else Path(mountpoint)
     command = python_command(
-        "cutfs.vfs.cli", ["mount", *_flags(options), os.fspath(source), str(target)]
+        "cutfs.vfs.cli", ["mount", *flags_for(options), os.fspath(source), str(target)]
     )
     result = subprocess.run(
         command, cwd="/", env=clean_environment(), capture_output=True, text=True, check=False
@@ -54,19 +57,6 @@ def mounted(
         _unmount(target)
         if temporary:
             shutil.rmtree(target, ignore_errors=True)
-
-
-def _flags(options: dict[str, str | int | float | bool | None]) -> list[str]:
-    flags: list[str] = []
-    for name, value in options.items():
-        flag = "--" + name.replace("_", "-")
-        values = value if isinstance(value, list | tuple) else [value]
-        for item in values:
-            if item is True:
-                flags.append(flag)
-            elif item is not None and item is not False:
-                flags += [flag, str(item)]
-    return flags
 
 
 def _unmount(target: Path) -> None:

@@ -19,22 +19,20 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import pyfuse3
 import trio
 
-from cutfs.codec.audio.output_format import OutputFormat
 from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.opener import open_source
 from cutfs.codec.sources.source_index import SourceIndex, default_cache_root
-from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.trust.clean_start import is_clean
-from cutfs.codec.trust.command_runner import CommandLimits
-from cutfs.codec.trust.source_policy import DEFAULT_CACHE_QUOTA_BYTES, SourcePolicy
+from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.daemon import kernel_tuning
+from cutfs.vfs.daemon.mount_options import MountOptions
 from cutfs.vfs.daemon.serving_process import (
     ServingProcesses,
     ServingSetup,
@@ -54,12 +52,10 @@ from cutfs.vfs.daemon.serving_user import (
     as_root,
     serving_user,
 )
-from cutfs.vfs.frames.decode_pool import DEFAULT_DEADLINE_SECONDS, DecodePool
+from cutfs.vfs.frames.decode_pool import DecodePool
 from cutfs.vfs.frames.frame_source import FrameSource
 from cutfs.vfs.fuse.device_channel import DeviceChannel
-from cutfs.vfs.fuse.operations import Ownership
 from cutfs.vfs.stats.statistics_board import StatisticsBoard
-from cutfs.vfs.tree.filesystem import Windows
 from cutfs.vfs.tree.span_table import SharedSpanTable
 
 log = logging.getLogger("cutfs.mount")
@@ -93,68 +89,20 @@ DEFAULT_READ_AHEAD_KB = 1024
 #: The most processes that may serve one mount.
 MAX_SERVING_PROCESSES = 64
 
-#: How many processes decode in turn by default at most (one per core below that): each
-#: holds its own decoders and share of the block cache (about 65 MB besides the cache,
-#: measured), so a big shared node is not filled with them unasked.
-DEFAULT_PROCESSES_IN_TURN = 8
-
-
-@dataclass(frozen=True)
-class MountOptions:
-    cache_bytes: int = 512 << 20
-    workers: int = 2
-    read_timeout_seconds: float = DEFAULT_DEADLINE_SECONDS
-    allow_other: bool = False
-    ownership: Ownership = field(default_factory=Ownership)
-    #: Bypass the kernel page cache for WAV files (every read reaches the daemon).
-    direct_io: bool = False
-    #: Time the phases of every decode into .cutfs/stats.
-    profile: bool = False
-    #: Kernel settings to apply through sysfs after mounting (root only; None: the read-ahead
-    #: is DEFAULT_READ_AHEAD_KB when the daemon runs as root, max_background left alone).
-    read_ahead_kb: int | None = None
-    max_background: int | None = None
-    #: Where indexes of sources served in place are kept (None: the default).
-    cache_dir: str | None = None
-    #: ``windows/`` of every recording (None: no windows directory).
-    windows: Windows | None = None
-    #: Sample rate, mono and sample format of every WAV file (default: the recording's own).
-    output_format: OutputFormat = field(default_factory=OutputFormat)
-    #: Directories besides the source's own that a source served in place may read.
-    allowed_roots: tuple[str, ...] = ()
-    #: URL prefixes under which a source served in place may have its objects fetched.
-    allowed_objects: tuple[str, ...] = ()
-    #: Run the shell commands of sources served in place (Kaldi ``cmd |``, Lhotse commands).
-    allow_commands: bool = False
-    command_limits: CommandLimits = field(default_factory=CommandLimits)
-    #: The most audio copies a source served in place may make the index cache hold.
-    cache_quota_bytes: int = DEFAULT_CACHE_QUOTA_BYTES
-    #: Whom a root daemon reads the source as (None: the owner of SOURCE).
-    user: str | None = None
-    #: The most bytes the piece cache of a source in object storage keeps on disk.
-    disk_cache_bytes: int = DEFAULT_DISK_BYTES
-    #: Processes answering the mount's requests, the daemon included (each its own event
-    #: loop; decoder workers and block cache are split among them).  With
-    #: ``decode_in_turn``, the processes besides the daemon, which then serves nothing.
-    serving_processes: int = 1
-    #: Serving processes decode what they serve themselves, one request at a time, with
-    #: no decoder workers (see :meth:`DeviceChannel.serve_in_turn`); the command line's
-    #: default.
-    decode_in_turn: bool = False
-
 
 def _settled(options: MountOptions) -> MountOptions:
     """``options`` checked, and the time every node shows (:attr:`Ownership.time_ns`)
     decided once for all serving processes.  Raises :class:`MountError`."""
-    if not 1 <= options.serving_processes <= MAX_SERVING_PROCESSES:
+    if not 1 <= options.processes <= MAX_SERVING_PROCESSES:
         raise MountError(
-            f"--serving-processes must be 1 to {MAX_SERVING_PROCESSES}, not "
-            f"{options.serving_processes}",
+            f"--serving-processes must be 1 to {MAX_SERVING_PROCESSES}, not {options.processes}",
             ExitCode.USAGE,
         )
-    if options.ownership.time_ns is not None:
+    if options.workers < 0:
+        raise MountError(f"--workers must be 0 or more, not {options.workers}", ExitCode.USAGE)
+    if options.time_ns is not None:
         return options
-    return replace(options, ownership=replace(options.ownership, time_ns=time.time_ns()))
+    return replace(options, time_ns=time.time_ns())
 
 
 def _open_library(
@@ -288,7 +236,7 @@ def serve(
         kernel: dict[str, str] = {}
         servers: ServingProcesses | None = None
         # In turn, the daemon serves besides the processes only if none of them can.
-        processes = options.serving_processes + (1 if options.decode_in_turn else 0)
+        processes = options.processes + (1 if options.decode_in_turn else 0)
         shared_dir = _shared_directory(stack, user) if processes > 1 else None
         serving = ServingStack.open(
             stack,

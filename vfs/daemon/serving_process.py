@@ -65,7 +65,7 @@ from cutfs.vfs.stats.statistics import Statistics
 from cutfs.vfs.stats.statistics_board import StatisticsBoard
 
 if TYPE_CHECKING:
-    from cutfs.vfs.daemon.mount import MountOptions
+    from cutfs.vfs.daemon.mount_options import MountOptions
 
 log = logging.getLogger("cutfs.serving_process")
 

@@ -31,7 +31,7 @@ from cutfs.vfs.tree.filesystem import Filesystem
 from cutfs.vfs.tree.snapshot_store import SnapshotStore
 
 if TYPE_CHECKING:
-    from cutfs.vfs.daemon.mount import MountOptions
+    from cutfs.vfs.daemon.mount_options import MountOptions
 
 
 @dataclass(frozen=True)
