@@ -13,3 +13,10 @@ packs sources into shards and reads exact frame ranges back on its own (a test c
   place); :mod:`.corpus` and :mod:`.cut_dataset`: reading without a mount (the API);
   :mod:`.errors`: the exception hierarchy.
 """
+
+if __name__ != "cutfs.codec":  # the top-level folder imported by its own name
+    raise ImportError(
+        "import cutfs.codec, not codec: the folder codec/ is the package cutfs.codec (through the "
+        "link cutfs/codec); imported as codec its modules would be second copies, with classes "
+        "that are not cutfs's own"
+    )

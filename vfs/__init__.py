@@ -10,3 +10,10 @@ Depends on :mod:`cutfs.codec`, never the reverse.
 - :mod:`.frames`: frames on demand: the frame source, the block cache, the decode pool.
 - :mod:`.stats`: counters, the board of several processes, Prometheus.
 """
+
+if __name__ != "cutfs.vfs":  # the top-level folder imported by its own name
+    raise ImportError(
+        "import cutfs.vfs, not vfs: the folder vfs/ is the package cutfs.vfs (through the "
+        "link cutfs/vfs); imported as vfs its modules would be second copies, with classes "
+        "that are not cutfs's own"
+    )
