@@ -1,4 +1,4 @@
-"""Run the compatibility suite (tests/test_compat.py) and write docs/compat.md.
+"""Run the compatibility suite (tests/mount/test_compat.py) and write docs/compat.md.
 
 Usage: .venv/bin/python scripts/compat.py [--with-pyannote]
 
@@ -11,7 +11,7 @@ PyTorch the project uses: PyPI's torchaudio for Linux x86_64 is a CUDA build
 pyannote.audio imports torchaudio at start.  ``--with-pyannote`` builds a
 separate environment, ``.venv-pyannote``, where they run on the CPU (about
 2 GB of downloads, a 5.4 GB directory; once), and runs
-``tests/test_compat_pyannote.py`` against it.  Without it their rows say why
+``tests/mount/test_compat_pyannote.py`` against it.  Without it their rows say why
 they were not run.
 """
 
@@ -63,8 +63,8 @@ CLIENTS = {
 }
 #: Tests of other modules that the table reports.
 _OTHER_TESTS = [
-    "tests/test_views.py::test_pyannote_reads_the_uem_and_rttm",
-    "tests/test_views.py::test_nemo_manifest_lists_the_cut_files",
+    "tests/mount/test_views.py::test_pyannote_reads_the_uem_and_rttm",
+    "tests/mount/test_views.py::test_nemo_manifest_lists_the_cut_files",
 ]
 
 #: Clients of the separate environment (test name -> client, what it does, distribution).
@@ -112,10 +112,10 @@ def version(source: str) -> str:
 
 def main() -> int:
     with_pyannote = "--with-pyannote" in sys.argv[1:]
-    tests = ["tests/test_compat.py", *_OTHER_TESTS]
+    tests = ["tests/mount/test_compat.py", *_OTHER_TESTS]
     if with_pyannote:
         _build_pyannote_environment()
-        tests.append("tests/test_compat_pyannote.py")
+        tests.append("tests/mount/test_compat_pyannote.py")
     with tempfile.TemporaryDirectory() as work:
         report = Path(work) / "report.xml"
         command = [sys.executable, "-m", "pytest", "-q", *tests, f"--junitxml={report}"]
@@ -134,7 +134,7 @@ def main() -> int:
         f"Written by `scripts/compat.py` ({when}, torch {version('torch')}, "
         f"{platform.machine()}). Each client reads cuts from a real mount with its ordinary API; "
         "samples are compared with ffmpeg's full decode of the originals "
-        "(`tests/test_compat.py`, `tests/test_compat_pyannote.py`). Reproduce: "
+        "(`tests/mount/test_compat.py`, `tests/mount/test_compat_pyannote.py`). Reproduce: "
         "`./scripts/setup.sh && .venv/bin/python scripts/compat.py --with-pyannote`.",
         "",
         "| client | what it does on the mount | version | result |",
@@ -164,11 +164,12 @@ def main() -> int:
         "(no GPU needed to load them): `pip install " + " ".join(PYANNOTE_PACKAGES) + "` "
         "(about 2 GB of downloads, 5.4 GB installed) and `LD_LIBRARY_PATH` set to that "
         "environment's `site-packages/nvidia/cu13/lib`; `scripts/compat.py --with-pyannote` "
-        "builds it as `.venv-pyannote` and runs `tests/test_compat_pyannote.py` there (not in "
-        "CI: the downloads).",
+        "builds it as `.venv-pyannote` and runs `tests/mount/test_compat_pyannote.py` there "
+        "(not in CI: the downloads).",
         "",
-        "Formats served in place, each written by its own library (`tests/test_formats.py`, "
-        "`tests/test_in_place.py`): Lhotse manifests, Lhotse Shar (Lhotse "
+        "Formats served in place, each written by its own library "
+        "(`tests/mount/test_formats.py`, "
+        "`tests/mount/test_in_place.py`): Lhotse manifests, Lhotse Shar (Lhotse "
         f"{version('lhotse')}), Kaldi data directories, HuggingFace `save_to_disk` and Parquet "
         f"(datasets {version('datasets')}), WebDataset tars (webdataset {version('webdataset')}), "
         "Arrow episode shards with a segment list (pyarrow).",

@@ -10,7 +10,7 @@ mkdir -p "$mountpoint"
 trap 'fusermount3 -u "$mountpoint" 2>/dev/null || true' EXIT
 
 echo "== making a corpus of 30 s recordings in $work/audio"
-.venv/bin/python tests/corpus.py "$work/audio" 30 | sed 's/^/   /' | head -6
+.venv/bin/python tests/support/corpus.py "$work/audio" 30 | sed 's/^/   /' | head -6
 echo "   ..."
 
 echo "== writing Lhotse manifests: one recording each, 10 s cuts every 5 s"

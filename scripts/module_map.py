@@ -1,7 +1,7 @@
 """Print the module map of docs/design.md ("Layers"), made from the tree and its docstrings.
 
 Each package of codec/ and vfs/ with the first line of its docstring, then each of its
-modules with the first line of its own.  tests/test_layout.py checks that docs/design.md
+modules with the first line of its own.  tests/codec/test_layout.py checks that docs/design.md
 holds exactly this; after moving or adding a module, run:
 
     python scripts/module_map.py --write
@@ -16,7 +16,7 @@ from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 DESIGN = REPOSITORY / "docs" / "design.md"
-BEGIN = "<!-- module map: made by scripts/module_map.py; tests/test_layout.py checks it -->\n"
+BEGIN = "<!-- module map: made by scripts/module_map.py -->\n"
 END = "<!-- end of module map -->\n"
 WIDTH = 92
 

@@ -42,7 +42,9 @@ READ_TIMEOUT_SECONDS = 4.0
 
 
 def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, REPOSITORY / "tests" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        name, REPOSITORY / "tests" / "support" / f"{name}.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -117,7 +119,7 @@ def main() -> int:
     passthrough = subprocess.Popen(
         [
             sys.executable,
-            str(REPOSITORY / "tests" / "pausable_fs.py"),
+            str(REPOSITORY / "tests" / "support" / "pausable_fs.py"),
             str(work / "shards"),
             str(storage),
         ]

@@ -1,0 +1,1155 @@
+"""Attacks on a root mount by another user of the node, and bad numbers in sources.
+
+Each test plays one attack from the trust issue: ``nobody`` writes a source
+(or plants a file), root mounts it with ``allow_other`` as a shared node's
+administrator would, and ``nobody`` reads the mount.  The test states what
+must hold: no command of theirs runs, no file of someone else's is served,
+nothing serves wrong audio, and one bad entry never takes the rest down.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gzip
+import io
+import json
+import logging
+import multiprocessing
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import trio
+from support.corpus import ffmpeg_decode, wav_header
+from support.mounts import CUTFS, mounted, needs_fuse
+from support.references import Reference
+from support.shards import write_arrow_file
+from support.users import (
+    OTHER_USER,
+    as_other_user,
+    give_to_other_user,
+    needs_root,
+    other_gid,
+    other_uid,
+    public_directory,
+)
+
+from cutfs.codec.audio.cut import seconds_to_frames
+from cutfs.codec.catalogue.shard_set import ShardSet
+from cutfs.codec.errors import ShardFormatError, SourceError
+from cutfs.codec.sources import Refusals, read_source
+from cutfs.codec.sources.source_index import SourceIndex, prepare_index
+from cutfs.vfs.daemon.serving_user import ServingUser, acting_as, kill_command_group
+from cutfs.vfs.frames.decode_pool import DecodePool, WorkerDiedError
+
+pytestmark = [pytest.mark.mount, needs_fuse, needs_root]
+
+FLAC = "flac_mono_16k.flac"
+
+
+@pytest.fixture
+def public() -> Iterator[Path]:
+    with public_directory() as path:
+        yield path
+
+
+def _stats(mountpoint: Path) -> dict[str, dict[str, object]]:
+    loaded: dict[str, dict[str, object]] = json.loads((mountpoint / ".cutfs" / "stats").read_text())
+    return loaded
+
+
+def _recording(recording_id: str, path: str, rate: int, frames: object) -> dict[str, object]:
+    return {
+        "id": recording_id,
+        "sources": [{"type": "file", "channels": [0], "source": path}],
+        "sampling_rate": rate,
+        "num_samples": frames,
+        "duration": 1.0,
+        "channel_ids": [0],
+    }
+
+
+def _cut(cut_id: str, recording: str, start: object, duration: object) -> str:
+    """A cuts-manifest line; numbers are written as given (``Infinity`` included)."""
+    return (
+        f'{{"id": {json.dumps(cut_id)}, "type": "MonoCut", "recording_id": '
+        f'{json.dumps(recording)}, "start": {start}, "duration": {duration}, "channel": 0}}\n'
+    )
+
+
+@contextmanager
+def _mounted_in(
+    environment: dict[str, str], source: Path, mountpoint: Path, *options: str
+) -> Iterator[Path]:
+    """``cutfs mount`` with the given environment; always unmounted afterwards."""
+    mountpoint.mkdir(exist_ok=True)
+    result = subprocess.run(
+        [*CUTFS, "mount", *options, str(source), str(mountpoint)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
+
+
+def _expected(reference: Reference, start_seconds: float, duration_seconds: float) -> bytes:
+    first = seconds_to_frames(start_seconds, reference.rate)
+    count = seconds_to_frames(duration_seconds, reference.rate)
+    samples = reference.samples[first : first + count, :1]
+    return wav_header(reference.rate, 1, len(samples)) + samples.astype("<i2").tobytes()
+
+
+# -- bad numbers: one entry refused, the rest served --------------------------------------------
+
+
+def _lhotse_with_bad_numbers(
+    source: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    audio = source / "good.flac"
+    shutil.copy(corpus[FLAC], audio)
+    frames = len(references[FLAC].samples)
+    recordings = [
+        _recording("good", str(audio), 16000, frames),
+        _recording("huge", str(audio), 16000, 5 * 10**18),  # OverflowError in readdir before
+        _recording("beyond-int64", str(audio), 16000, 10**19),  # a traceback at mount before
+        _recording("zero-rate", str(audio), 0, frames),
+    ]
+    with open(source / "recordings.jsonl", "w") as out:
+        out.writelines(json.dumps(recording) + "\n" for recording in recordings)
+    transformed = _recording("perturbed", str(audio), 16000, frames)
+    transformed["transforms"] = [{"name": "Speed", "kwargs": {"factor": 1.1}}]
+    with open(source / "cuts.jsonl", "w") as out:
+        out.write(_cut("good-1", "good", 1.0, 2.0))
+        out.write(_cut("good-2", "good", 5.5, 3.25))
+        out.write(_cut("of-huge", "huge", 0.0, 1.0))
+        out.write(_cut("of-beyond", "beyond-int64", 0.0, 1.0))
+        out.write(_cut("of-zero-rate", "zero-rate", 0.0, 1.0))
+        out.write(_cut("negative-start", "good", -1.0, 1.0))  # killed a worker per read before
+        out.write(_cut("infinite", "good", 0.0, "Infinity"))
+        out.write(_cut("nan", "good", "NaN", 1.0))
+        out.write(_cut("too-big-for-a-float", "good", 10**400, 1.0))  # stopped the source before
+        out.write("{not json\n")
+        cut = json.loads(_cut("speed-perturbed", "perturbed", 0.0, 1.0))
+        del cut["recording_id"]
+        cut["recording"] = transformed
+        out.write(json.dumps(cut) + "\n")
+
+
+def test_bad_numbers_refuse_their_entries_and_the_rest_is_served(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    source = public / "source"
+    source.mkdir()
+    _lhotse_with_bad_numbers(source, corpus, references)
+    mountpoint = public / "mnt"
+    with mounted(
+        str(source), str(mountpoint), "--allow-other", "--cache-dir", str(public / "cache")
+    ):
+        listing = as_other_user("ls", str(mountpoint / "cuts"))
+        assert listing.returncode == 0, listing.stderr
+        assert listing.stdout.decode().split() == ["good-1.wav", "good-2.wav", "metadata.jsonl"]
+        read = as_other_user("cat", str(mountpoint / "cuts" / "good-2.wav"))
+        assert read.returncode == 0, read.stderr
+        assert read.stdout == _expected(references[FLAC], 5.5, 3.25)
+        recordings = as_other_user("ls", str(mountpoint / "recordings"))
+        assert recordings.stdout.decode().split() == ["good.wav"]
+        shards = _stats(mountpoint)["shards"]
+        # 3 recordings with bad numbers and their 3 cuts; 4 cuts with bad times; a line
+        # that is not JSON; the cut of a transformed recording
+        assert shards["refused_entries"] == 3 + 3 + 4 + 1 + 1, shards
+
+
+def test_pack_stops_at_the_first_bad_number_with_one_line(
+    tmp_path: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    _lhotse_with_bad_numbers(tmp_path, corpus, references)
+    manifests = [str(tmp_path / "recordings.jsonl"), str(tmp_path / "cuts.jsonl")]
+    result = subprocess.run(
+        [*CUTFS, "pack", "-q", *manifests, "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "recordings.jsonl:2" in result.stderr
+    assert "5000000000000000000" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_transforms_are_refused_naming_the_cut_and_the_transform(
+    tmp_path: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    _lhotse_with_bad_numbers(tmp_path, corpus, references)
+    refusals = Refusals(strict=False)
+    read_source([str(tmp_path / "recordings.jsonl"), str(tmp_path / "cuts.jsonl")], refusals)
+    perturbed = [m for m in refusals.messages if "speed-perturbed" in m]
+    assert len(perturbed) == 1
+    assert "Speed(factor=1.1)" in perturbed[0]
+
+
+def _shar(directory: Path, audio: bytes, cuts: list[dict[str, object]]) -> None:
+    with tarfile.open(directory / "recording.000000.tar", "w") as archive:
+        for cut in cuts:
+            member = tarfile.TarInfo(f"{cut['id']}.flac")
+            member.size = len(audio)
+            archive.addfile(member, io.BytesIO(audio))
+    with gzip.open(directory / "cuts.000000.jsonl.gz", "wt") as out:
+        for cut in cuts:
+            out.write(json.dumps(cut) + "\n")
+
+
+def test_shar_with_negative_or_infinite_durations_keeps_its_listing(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    audio = Path(corpus[FLAC]).read_bytes()
+    frames = len(references[FLAC].samples)
+    recording = {"sampling_rate": 16000, "num_samples": frames, "channel_ids": [0]}
+    source = public / "shar"
+    source.mkdir()
+    _shar(
+        source,
+        audio,
+        [
+            {"id": "fine", "start": 0.0, "duration": frames / 16000, "recording": recording},
+            {"id": "negative", "start": 0.0, "duration": -3.0, "recording": recording},
+            {"id": "infinite", "start": 0.0, "duration": float("inf"), "recording": recording},
+            {"id": "negative-start", "start": -2.0, "duration": 1.0, "recording": recording},
+        ],
+    )
+    mountpoint = public / "mnt"
+    with mounted(
+        str(source), str(mountpoint), "--allow-other", "--cache-dir", str(public / "cache")
+    ):
+        listing = as_other_user("ls", str(mountpoint / "cuts"))
+        assert listing.returncode == 0, listing.stderr
+        assert listing.stdout.decode().split() == ["fine.wav", "metadata.jsonl"]
+        read = as_other_user("cat", str(mountpoint / "cuts" / "fine.wav"))
+        assert read.stdout == _expected(references[FLAC], 0.0, frames / 16000)
+        assert _stats(mountpoint)["shards"]["refused_entries"] == 3
+
+
+def test_kaldi_files_may_use_tabs(tmp_path: Path, corpus: dict[str, str]) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "wav.scp").write_text(f"rec1\t{corpus[FLAC]}\n")
+    (data / "segments").write_text("utt1\trec1\t1.0\t2.5\nutt2 rec1\t3\t-1\nutt3 rec1 4 -1.00\n")
+    (data / "text").write_text("utt1\thello world\n")
+    cuts = list(read_source([str(data)]).cuts)
+    assert [cut.cut_id for cut in cuts] == ["utt1", "utt2", "utt3"]
+    assert cuts[2].duration_seconds is None  # any negative end: to the end
+    assert cuts[0].start_seconds == 1.0
+    assert cuts[0].duration_seconds == 1.5
+    assert cuts[1].duration_seconds is None
+    assert cuts[0].metadata["text"] == "hello world"
+    (data / "segments").write_text("utt1 rec1 nan 2.5\n")
+    with pytest.raises(SourceError, match="utt1"):
+        read_source([str(data)])
+
+
+def test_header_only_flac_fails_pack_with_one_clear_line(tmp_path: Path) -> None:
+    full = tmp_path / "full.flac"
+    sine = ["-f", "lavfi", "-i", "sine=f=440:d=2", "-ar", "16000"]
+    subprocess.run(["ffmpeg", "-loglevel", "error", *sine, str(full)], check=True)
+    data = full.read_bytes()
+    source = tmp_path / "audio"
+    source.mkdir()
+    (source / "header-only.flac").write_bytes(data[: data.index(b"\xff\xf8")])
+    result = subprocess.run(
+        [*CUTFS, "pack", "-q", str(source), "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and "BufferError" not in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "header-only.flac" in result.stderr
+    assert "no samples" in result.stderr
+
+
+def test_lhotse_tolerance_follows_the_environment(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    """0.3 s more declared than the audio has: padded under Lhotse's default (0.5 s), an
+    error under LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE=0.1."""
+    source = public / "source"
+    source.mkdir()
+    audio = source / "a.flac"
+    shutil.copy(corpus[FLAC], audio)
+    frames = len(references[FLAC].samples)
+    declared = frames + 4800
+    with open(source / "recordings.jsonl", "w") as out:
+        out.write(json.dumps(_recording("a", str(audio), 16000, declared)) + "\n")
+    tail = source / "cuts.jsonl"
+    tail.write_text(_cut("tail", "a", (frames - 16000) / 16000, 1.3))
+    for tolerance, readable in ((None, True), ("0.1", False)):
+        environment = dict(os.environ)
+        environment.pop("LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE", None)
+        if tolerance is not None:
+            environment["LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE"] = tolerance
+        mountpoint = public / f"mnt-{tolerance}"
+        options = ("--cache-dir", str(public / "cache"))
+        with (
+            _mounted_in(environment, source, mountpoint, *options),
+            open(mountpoint / "cuts" / "tail.wav", "rb") as cut_file,
+        ):
+            if readable:
+                samples = np.frombuffer(cut_file.read()[44:], dtype="<i2")
+                assert len(samples) == seconds_to_frames(1.3, 16000)
+            else:
+                with pytest.raises(OSError):
+                    cut_file.read()
+
+
+# -- commands from data -------------------------------------------------------------------------
+
+
+def _kaldi_by_other_user(public: Path, corpus: dict[str, str], command: str) -> Path:
+    """A Kaldi directory written by the other user: one file and one command recording."""
+    data = public / "data"
+    data.mkdir()
+    shutil.copy(corpus[FLAC], data / "a.flac")
+    (data / "wav.scp").write_text(f"plain a.flac\npiped {command} |\n")
+    give_to_other_user(data)
+    return data
+
+
+def _read_as_other_user(mountpoint: Path, name: str) -> subprocess.CompletedProcess[bytes]:
+    return as_other_user("cat", str(mountpoint / "cuts" / name))
+
+
+def test_commands_never_run_by_default(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    marker = public / "ran"
+    flac = public / "data" / "a.flac"
+    data = _kaldi_by_other_user(public, corpus, f"id -u > {marker}; cat {flac}")
+    mountpoint = public / "mnt"
+    with mounted(str(data), str(mountpoint), "--allow-other"):
+        assert as_other_user("ls", str(mountpoint / "cuts")).stdout.decode().split() == [
+            "metadata.jsonl",
+            "plain.wav",
+        ]
+        assert _read_as_other_user(mountpoint, "piped.wav").returncode != 0
+        plain = _read_as_other_user(mountpoint, "plain.wav")
+        assert plain.stdout == _expected(references[FLAC], 0, len(references[FLAC].samples) / 16000)
+    assert not marker.exists()  # as root (uid 0) on main
+
+
+def test_allowed_commands_run_as_the_files_owner_never_root(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    marker = public / "uid"
+    marker.touch()
+    give_to_other_user(marker)
+    flac = public / "data" / "a.flac"
+    data = _kaldi_by_other_user(public, corpus, f"id -u > {marker}; cat {flac}")
+    mountpoint = public / "mnt"
+    with mounted(
+        str(data), str(mountpoint), "--allow-other", "--allow-commands", "--serving-processes", "1"
+    ):
+        read = _read_as_other_user(mountpoint, "piped.wav")
+        assert read.returncode == 0, read.stderr
+        assert read.stdout == _expected(references[FLAC], 0, len(references[FLAC].samples) / 16000)
+    assert marker.read_text().strip() == str(other_uid())
+
+
+def test_commands_in_a_file_others_can_write_are_refused(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    marker = public / "ran"
+    data = _kaldi_by_other_user(public, corpus, f"touch {marker}; cat a.flac")
+    (data / "wav.scp").chmod(0o666)
+    mountpoint = public / "mnt"
+    with mounted(str(data), str(mountpoint), "--allow-other", "--allow-commands"):
+        assert _read_as_other_user(mountpoint, "piped.wav").returncode != 0
+        assert _stats(mountpoint)["shards"]["refused_entries"] == 2  # the recording and its cut
+    assert not marker.exists()
+
+
+def _processes_with(pattern: str) -> list[int]:
+    result = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, check=False)
+    return [int(pid) for pid in result.stdout.split()]
+
+
+def test_a_command_past_its_timeout_is_killed_with_its_group(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    data = _kaldi_by_other_user(public, corpus, "sleep 313.25 & sleep 313.5; cat a.flac")
+    mountpoint = public / "mnt"
+    options = (
+        "--allow-other",
+        "--allow-commands",
+        "--command-timeout",
+        "2",
+        "--serving-processes",
+        "1",
+    )
+    with mounted(str(data), str(mountpoint), *options):
+        read = _read_as_other_user(mountpoint, "piped.wav")
+        assert read.returncode != 0
+        assert _processes_with("^sleep 313") == []  # both sleeps, not only the shell
+        assert _read_as_other_user(mountpoint, "plain.wav").returncode == 0
+
+
+def test_a_command_group_a_decoder_names_is_killed_with_the_users_rights_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The group number of a command comes from a decoder, which may have parsed hostile
+    media: a daemon acting as the user keeps root as its real id, which would let it kill
+    any of root's processes, so the number must reach only the user's."""
+    caplog.set_level(logging.INFO, logger="cutfs.serving_user")
+    user = ServingUser.named(OTHER_USER)
+    roots = subprocess.Popen(["sleep", "301.5"], start_new_session=True)
+    users = subprocess.Popen(
+        ["sleep", "301.75"], start_new_session=True, user=OTHER_USER, group=other_gid()
+    )
+    try:
+        with acting_as(user):  # as the daemon supervises
+            kill_command_group(user, roots.pid)
+            kill_command_group(user, users.pid)
+            kill_command_group(user, 0)  # the daemon's own group: never
+            kill_command_group(user, os.getpgrp())
+        assert users.wait(timeout=20) == -signal.SIGKILL
+        assert roots.poll() is None  # root's process lives on
+        messages = [record.getMessage() for record in caplog.records]
+        assert any(f"group {roots.pid} " in text and "not permitted" in text for text in messages)
+        assert any(f"killed the process group {users.pid} " in text for text in messages)
+    finally:
+        roots.kill()
+        users.kill()
+        roots.wait()
+        users.wait()
+
+
+@pytest.mark.parametrize("in_turn", [False, True], ids=["worker", "in turn"])
+def test_a_killed_worker_takes_its_command_with_it(
+    public: Path, corpus: dict[str, str], in_turn: bool
+) -> None:
+    """A process killed mid-command (the OOM killer, say), a decoder worker or one decoding
+    in turn: the command's whole group goes too."""
+    data = _kaldi_by_other_user(public, corpus, "sleep 317.25 & sleep 317.5; cat a.flac")
+    mountpoint = public / "mnt"
+    kind = ("--serving-processes", "1") if in_turn else ("--no-decode-in-turn", "--workers", "1")
+    options = ("--allow-other", "--allow-commands", *kind)
+    with mounted(str(data), str(mountpoint), *options):
+        reader = subprocess.Popen(
+            ["cat", str(mountpoint / "cuts" / "piped.wav")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 20
+        while len(_processes_with("^sleep 317")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_processes_with("^sleep 317")) == 2
+        shell = _processes_with("^/bin/sh -c sleep 317")[0]
+        worker = int(Path(f"/proc/{shell}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(worker, signal.SIGKILL)
+        _, errors = reader.communicate(timeout=30)
+        assert reader.returncode != 0, errors  # that read fails (EIO), nothing hangs
+        deadline = time.monotonic() + 10
+        while _processes_with("^sleep 317") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_with("^sleep 317") == []
+        # The replacement (started by a daemon acting as the user) serves, as the user.
+        deadline = time.monotonic() + 20
+        while (read := _read_as_other_user(mountpoint, "plain.wav")).returncode != 0:
+            assert time.monotonic() < deadline, read.stderr  # in turn, it starts meanwhile
+            time.sleep(0.2)
+        (replacement,) = [p for p in _decoder_pids(mountpoint) if _holds_fuse(p) == in_turn]
+        assert replacement != worker
+        assert _ids(replacement)[0] == [other_uid()] * 4
+
+
+# -- files of other users -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def secret(public: Path, corpus: dict[str, str]) -> Path:
+    """Audio only root may read: a 0600 file in a 0700 directory."""
+    private = public / "private"
+    private.mkdir(mode=0o700)
+    path = private / "secret.flac"
+    shutil.copy(corpus[FLAC], path)
+    path.chmod(0o600)
+    return path
+
+
+def _assert_not_served(mountpoint: Path, name: str) -> None:
+    listing = as_other_user("ls", str(mountpoint / "cuts"))
+    assert listing.returncode == 0
+    assert name not in listing.stdout.decode().split()
+    assert _read_as_other_user(mountpoint, name).stdout == b""
+
+
+def test_manifest_paths_outside_the_source_are_not_served(public: Path, secret: Path) -> None:
+    source = public / "manifests"
+    source.mkdir()
+    with open(source / "recordings.jsonl", "w") as out:
+        out.write(json.dumps(_recording("stolen", str(secret), 16000, 480000)) + "\n")
+        out.write(json.dumps(_recording("decoy", "decoy.flac", 16000, 480000)) + "\n")
+    shutil.copy(secret, source / "decoy.flac")
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other"):
+        _assert_not_served(mountpoint, "stolen.wav")
+        assert _read_as_other_user(mountpoint, "decoy.wav").returncode == 0
+
+
+def test_links_in_an_audio_folder_do_not_reach_other_files(
+    public: Path, secret: Path, corpus: dict[str, str]
+) -> None:
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "own.flac")
+    (source / "stolen.flac").symlink_to(secret)
+    (source / "loop").symlink_to(source)  # a directory link loop: must not hang the mount
+    (source / "self.flac").symlink_to(source / "self.flac")
+    os.mkfifo(source / "fifo.flac")  # must not block the daemon
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other"):
+        _assert_not_served(mountpoint, "stolen.wav")
+        listing = as_other_user("ls", str(mountpoint / "cuts")).stdout.decode().split()
+        assert listing == ["metadata.jsonl", "own.wav"]
+
+
+def test_ffconcat_named_wav_is_not_followed(
+    public: Path, secret: Path, corpus: dict[str, str]
+) -> None:
+    source = public / "audio"
+    source.mkdir()
+    relative = os.path.relpath(secret, "/")  # concat resolves names against the daemon's cwd, /
+    (source / "playlist.wav").write_text(f"ffconcat version 1.0\nfile '{relative}'\n")
+    shutil.copy(corpus[FLAC], source / "own.flac")
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other", "--user", "root"):
+        read = _read_as_other_user(mountpoint, "playlist.wav")
+        assert read.returncode != 0 and read.stdout == b""
+
+
+def test_absolute_shard_names_are_refused(tmp_path: Path, shard_dir: str) -> None:
+    copy = tmp_path / "shards"
+    shutil.copytree(shard_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["shards"][0]["file"] = os.path.abspath(copy / manifest["shards"][0]["file"])
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "mnt").mkdir()
+    result = subprocess.run(
+        [*CUTFS, "mount", str(copy), str(tmp_path / "mnt")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 3
+    assert "not a plain name" in result.stderr
+
+
+# -- the index cache ----------------------------------------------------------------------------
+
+
+def test_a_cache_others_can_write_or_own_is_refused(public: Path, corpus: dict[str, str]) -> None:
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    shared = public / "shared-cache"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)  # sticky and world-writable, like /tmp
+    theirs = public / "their-cache"
+    theirs.mkdir(mode=0o700)
+    give_to_other_user(theirs)
+    for cache, message in ((shared, "writable by its group or others"), (theirs, "belongs to")):
+        (public / "mnt").mkdir(exist_ok=True)
+        result = subprocess.run(
+            [*CUTFS, "mount", "--cache-dir", str(cache), str(source), str(public / "mnt")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 3, result.stderr
+        assert message in result.stderr
+
+
+def test_the_cache_is_private(public: Path, corpus: dict[str, str]) -> None:
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    cache = public / "cache"
+    with (
+        mounted(str(source), str(public / "mnt"), "--cache-dir", str(cache)) as mountpoint,
+        open(os.path.join(mountpoint, "cuts", "a.wav"), "rb") as cut_file,
+    ):
+        cut_file.read(100)
+    modes = {}
+    for root, directories, files in os.walk(cache):
+        for name in directories:
+            modes[os.path.join(root, name)] = os.stat(os.path.join(root, name)).st_mode & 0o777
+        for name in files:
+            modes[os.path.join(root, name)] = os.stat(os.path.join(root, name)).st_mode & 0o777
+    assert len(modes) >= 5  # index directory, plans, tables, a plan
+    assert {mode & 0o077 for mode in modes.values()} == {0}, modes
+
+
+def test_a_planted_plan_is_not_served(tmp_path: Path, corpus: dict[str, str]) -> None:
+    """A plan that names another file (here /etc/hostname) is recomputed, never read."""
+    source = tmp_path / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    directory = prepare_index(str(source), str(tmp_path / "cache"))
+    with SourceIndex(directory) as index:
+        index.index(0)
+    (plan,) = (tmp_path / "cache").glob("*/plans/*.arrow")
+    row = pa.ipc.open_file(pa.memory_map(str(plan))).read_all().to_pylist()[0]
+    row["source"] = "/etc/hostname"
+    row["blob_offset"] = 0
+    table = pa.Table.from_pylist([row], schema=pa.ipc.open_file(pa.memory_map(str(plan))).schema)
+    write_arrow_file(plan, table)
+    with SourceIndex(directory) as index:
+        recording = index.index(0)
+        frames = index.read_frames(0, 0, recording.num_frames)
+    reference = subprocess.run(
+        ["ffmpeg", "-v", "error", "-i", corpus[FLAC], "-f", "s16le", "-"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert frames.tobytes() == reference
+
+
+# -- least privilege ----------------------------------------------------------------------------
+
+
+def _ids(pid: int) -> tuple[list[int], list[int]]:
+    """(real, effective, saved, fs) user and group ids of a process."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Uid", "Gid"):
+            fields[key] = [int(number) for number in value.split()]
+    return fields["Uid"], fields["Gid"]
+
+
+def test_a_root_daemon_reads_as_the_sources_owner(public: Path, corpus: dict[str, str]) -> None:
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    options = ("--allow-other", "--no-decode-in-turn", "--workers", "2")
+    with mounted(str(source), str(mountpoint), *options):
+        assert _read_as_other_user(mountpoint, "a.wav").returncode == 0
+        (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
+        uid, gid = _ids(daemon)
+        assert uid[1] == other_uid() and uid[3] == other_uid()  # effective and fs: the owner
+        workers = [
+            int(child)
+            for child in Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split()
+        ]
+        decoders = [
+            pid for pid in workers if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()
+        ]
+        assert len(decoders) == 2
+        for worker in decoders:
+            uid, gid = _ids(worker)
+            assert uid == [other_uid()] * 4 and gid == [other_gid()] * 4
+    assert not os.path.ismount(mountpoint)  # root again to unmount
+
+
+def _holds_fuse(pid: int) -> bool:
+    """Whether a process has a /dev/fuse descriptor (a serving process, not a decoder)."""
+    for descriptor in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{descriptor}") == "/dev/fuse":
+                return True
+        except FileNotFoundError:  # closed meanwhile
+            continue
+    return False
+
+
+def test_processes_decoding_in_turn_keep_no_id_of_root(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """They decode what others wrote in the process that holds a /dev/fuse descriptor:
+    they become the source's owner for good, as decoder workers do."""
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    options = ("--allow-other", "--serving-processes", "2")  # in turn: the default
+    with mounted(str(source), str(mountpoint), *options):
+        assert _read_as_other_user(mountpoint, "a.wav").returncode == 0
+        (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
+        children = [
+            int(child)
+            for child in Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split()
+        ]
+        serving = [
+            pid
+            for pid in children
+            if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text() and _holds_fuse(pid)
+        ]
+        assert len(serving) == 2
+        for process in serving:
+            uid, gid = _ids(process)
+            assert uid == [other_uid()] * 4 and gid == [other_gid()] * 4
+    assert not os.path.ismount(mountpoint)
+
+
+# -- bounded by configuration -------------------------------------------------------------------
+
+
+def test_read_timeout_covers_waiting_for_a_busy_worker(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """With the only worker busy for minutes, a read fails after --read-timeout, not later."""
+    data = _kaldi_by_other_user(public, corpus, "sleep 331.5; cat a.flac")
+    mountpoint = public / "mnt"
+    log = public / "log"
+    options = ("--allow-other", "--allow-commands", "--no-decode-in-turn", "--workers", "1")
+    options = (*options, "--read-timeout", "2")
+    with mounted(str(data), str(mountpoint), *options, "--log-file", str(log)):
+        busy = subprocess.Popen(
+            ["cat", str(mountpoint / "cuts" / "piped.wav")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 20
+        while not _processes_with("^sleep 331.5") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_with("^sleep 331.5"), "the command never started"
+        # 20 s is ten deadlines: before, this read waited for the worker (minutes here).
+        waiting = as_other_user("cat", str(mountpoint / "cuts" / "plain.wav"), timeout=20)
+        assert waiting.returncode != 0
+        assert b"Input/output error" in waiting.stderr
+        _, errors = busy.communicate(timeout=20)  # its own read gave up at its deadline too
+        assert busy.returncode != 0, errors
+        assert _processes_with("^sleep 331.5"), "indexing goes on in the background"
+        assert _stats(mountpoint)["indexing"]["in_progress"] == 2  # both wait for the worker
+        # and is reported in the log every 10 s
+        _assert_logged_soon(log, "indexing: 0 of 2 recordings indexed, 2 in progress", 30)
+    _assert_gone_soon("^sleep 331.5", log)
+    # By the daemon, as it stopped.  The group dies a moment before the line is written
+    # (the killing child is reaped first), and the unmount does not wait for the daemon.
+    _assert_logged_soon(log, "killed the process group", 20)
+    # The worker the unmount interrupted is stopped, not replaced only to be killed.
+    assert "was interrupted as the mount stopped" in log.read_text()
+    assert "replacing it" not in log.read_text()
+
+
+def _assert_logged_soon(log: Path, text: str, seconds: float) -> None:
+    """The daemon's log holds ``text`` within ``seconds``; its tail shows why if not."""
+    deadline = time.monotonic() + seconds
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(0.1)
+
+
+def _assert_gone_soon(pattern: str, log: Path) -> None:
+    """No process matches ``pattern`` within 20 s (the daemon's exit kills it, on a busy
+    machine a moment after the unmount returns); the daemon's log says why if one does."""
+    deadline = time.monotonic() + 20
+    while _processes_with(pattern) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_with(pattern) == [], log.read_text()[-4000:]
+
+
+def test_absurd_rates_fail_their_own_reads_without_stalling_others(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    """A WAV at 1 000 003 Hz and one at 16 001 Hz with --sample-rate 16000: each fails alone."""
+    source = public / "audio"
+    source.mkdir()
+    samples = np.zeros(16001, dtype="<i2")
+    for name, rate in (("too-fast", 1_000_003), ("odd", 16001)):
+        (source / f"{name}.wav").write_bytes(wav_header(rate, 1, len(samples)) + samples.tobytes())
+    shutil.copy(corpus["wav_s16_mono_16k.wav"], source / "plain.wav")
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other", "--sample-rate", "16000"):
+        cuts = mountpoint / "cuts"
+        assert as_other_user("ls", str(cuts)).stdout.decode().split() == [
+            "metadata.jsonl",
+            "odd.wav",
+            "plain.wav",
+            "too-fast.wav",
+        ]
+        assert as_other_user("stat", "-c", "%s", str(cuts / "too-fast.wav")).returncode != 0
+        assert os.stat(cuts / "odd.wav").st_size == 44 + 2 * 16000  # exact, arithmetic only
+        assert as_other_user("cat", str(cuts / "odd.wav"), timeout=20).returncode != 0
+        plain = as_other_user("cat", str(cuts / "plain.wav"))
+        reference = references["wav_s16_mono_16k.wav"]
+        assert plain.returncode == 0
+        assert plain.stdout[:44] == wav_header(16000, 1, len(reference.samples))
+        log = _stats(mountpoint)["errors"]
+        assert log.get("unsupported_audio", 0) >= 2, log
+
+
+def test_time_ranges_are_freed_when_the_kernel_forgets_them(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """Each range looked up holds an inode only while the kernel remembers it."""
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other"):
+        ranges = mountpoint / "recordings" / "a"
+        for number in range(300):
+            start = number / 100
+            size = as_other_user("stat", "-c", "%s", str(ranges / f"{start:g}-{start + 1:g}.wav"))
+            assert size.stdout.decode().strip() == str(44 + 2 * 16000)
+        held = _stats(mountpoint)["views"]["time_ranges"]
+        assert held == 300
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")  # the kernel forgets its dentries
+        deadline = time.monotonic() + 10
+        while _stats(mountpoint)["views"]["time_ranges"] > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _stats(mountpoint)["views"]["time_ranges"] == 0  # 300 for ever before
+
+
+def test_windows_of_a_week_long_recording_cost_no_memory(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """6 million windows of a declared week: a deep window is found at once, by arithmetic."""
+    source = public / "source"
+    source.mkdir()
+    audio = source / "a.flac"
+    shutil.copy(corpus[FLAC], audio)
+    week = 7 * 24 * 3600 * 16000
+    with open(source / "recordings.jsonl", "w") as out:
+        out.write(json.dumps(_recording("long", str(audio), 16000, week)) + "\n")
+    mountpoint = public / "mnt"
+    options = ("--allow-other", "--window", "0.1")
+    with mounted(str(source), str(mountpoint), *options):
+        window = mountpoint / "windows" / "long" / "100000-100000.1.wav"
+        size = as_other_user("stat", "-c", "%s", str(window), timeout=20)
+        assert size.stdout.decode().strip() == str(44 + 2 * 1600), size.stderr
+        with os.scandir(mountpoint / "windows" / "long") as entries:
+            first = [entry.name for _, entry in zip(range(3), entries, strict=False)]
+        assert first == ["0-0.1.wav", "0.1-0.2.wav", "0.2-0.3.wav"]
+        assert not (mountpoint / "windows" / "long" / "100000.05-100000.15.wav").exists()
+        (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
+        status = Path(f"/proc/{daemon}/status").read_text()
+        rss_kib = int(next(line for line in status.splitlines() if line.startswith("VmRSS"))[6:-3])
+        assert rss_kib < 400 * 1024  # a list of 6M windows took gigabytes before
+
+
+# -- pinned versions ----------------------------------------------------------------------------
+
+
+def _tone(path: Path, frequency: int) -> None:
+    sine = ["-f", "lavfi", "-i", f"sine=f={frequency}:d=240", "-ar", "16000"]
+    subprocess.run(["ffmpeg", "-v", "error", *sine, str(path)], check=True)
+
+
+def _decoder_pids(mountpoint: Path) -> list[int]:
+    (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
+    children = Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split()
+    return [
+        int(pid) for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()
+    ]
+
+
+def _first_and_second_packed(root: Path) -> Path:
+    """Two shard directories of one tone each (440 and 1000 Hz): the first at
+    ``root/shards`` (returned), the second at ``root/second``, to be moved in its place."""
+    for name, frequency in (("first", 440), ("second", 1000)):
+        (root / f"{name}-audio").mkdir()
+        _tone(root / f"{name}-audio" / "a.flac", frequency)
+        subprocess.run(
+            [*CUTFS, "pack", "-q", str(root / f"{name}-audio"), "-o", str(root / name)],
+            check=True,
+        )
+    (root / "first").rename(root / "shards")
+    return root / "shards"
+
+
+def test_a_shard_directory_replaced_under_a_live_mount_is_not_served(public: Path) -> None:
+    """Another directory moved into the mounted path: EIO and a log line, never its audio."""
+    shards, mountpoint = _first_and_second_packed(public), public / "mnt"
+    log = public / "log"
+    options = ("--serving-processes", "1", "--direct-io", "--log-file", str(log))
+    with mounted(str(shards), str(mountpoint), *options):
+        served = mountpoint / "recordings" / "a.wav"
+        assert len(_read_range(served, 0, 64000)) == 64000
+        shards.rename(public / "first")
+        (public / "second").rename(shards)
+        for worker in _decoder_pids(mountpoint):
+            os.kill(worker, signal.SIGKILL)  # a restart opens the path again
+        deadline = time.monotonic() + 20
+        while _stats(mountpoint)["workers"]["restarts"] == 0:  # replaced by the pool's watcher
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with pytest.raises(OSError):
+            _read_range(
+                served, 6_400_044, 64000
+            )  # 200 s in, beyond the read-ahead: the second directory's audio before
+    assert "changed since it was mounted" in log.read_text(), log.read_text()
+
+
+def test_a_decoder_worker_that_finds_another_directory_says_so_before_it_ends(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker that cannot open what was mounted sends why and ends at once; the pool
+    that finds it dead logs that reason with the replacement (the failure on record:
+    a read sent to such a worker failed as "the decoder worker died", with no reason in
+    the log), and the read fails with it."""
+    shards = _first_and_second_packed(tmp_path)
+    caplog.set_level(logging.WARNING, logger="cutfs.decode_pool")
+    with ShardSet(str(shards)) as library:
+        shards.rename(tmp_path / "first")
+        (tmp_path / "second").rename(shards)
+        pool = DecodePool(library, 1)
+        pool.start()
+        try:
+            deadline = time.monotonic() + 60
+            while pool.statistics().alive:  # it ends as soon as it has opened the path
+                assert time.monotonic() < deadline, "the worker served another directory"
+                time.sleep(0.05)
+            with pytest.raises(ShardFormatError, match="changed since it was mounted"):
+                trio.run(pool.decode, 0, 0, 1600)
+        finally:
+            pool.close()
+    replaced = [r.getMessage() for r in caplog.records if "replacing it" in r.getMessage()]
+    assert any("found dead" in line and "changed since it was mounted" in line for line in replaced)
+
+
+class _Hostile:
+    """What a worker taken over by hostile media would send to get code run by its reader:
+    unpickled, it runs ``touch`` on the marker."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _steal_descriptor(pid: int, descriptor: int) -> int:
+    """A copy of another process's descriptor (pidfd_getfd(2), Linux 5.6; root may)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        stolen = int(libc.syscall(_SYS_PIDFD_GETFD, pidfd, descriptor, 0))
+        if stolen < 0:
+            raise OSError(ctypes.get_errno(), "pidfd_getfd")
+        return stolen
+    finally:
+        os.close(pidfd)
+
+
+_SYS_PIDFD_GETFD = 438  # the same on every architecture's generic table
+
+
+def test_a_decoder_worker_taken_over_by_its_media_gets_no_code_run_by_its_reader(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A decoder worker parses other people's media; one taken over (an FFmpeg or
+    libsndfile bug) writes what it likes to its pipe.  Its reader (a serving process
+    that keeps root as its saved id) must not unpickle it: the request fails alone,
+    the worker is replaced, and the next decode is exact."""
+    (tmp_path / "audio").mkdir()
+    flac = tmp_path / "audio" / "a.flac"
+    _tone(flac, 440)
+    shards = tmp_path / "shards"
+    subprocess.run([*CUTFS, "pack", "-q", str(flac.parent), "-o", str(shards)], check=True)
+    marker = tmp_path / "code-ran"
+    caplog.set_level(logging.WARNING, logger="cutfs.decode_pool")
+    with ShardSet(str(shards)) as library:
+        pool = DecodePool(library, 1)
+        pool.start()
+        pool.wait_ready()
+        try:
+            (worker,) = [p for p in multiprocessing.active_children() if p.name == "cutfs-decoder"]
+            assert worker.pid is not None
+            os.kill(worker.pid, signal.SIGSTOP)  # the worker's own code no longer answers
+            (pipe,) = [  # the worker's end of its pipe: its only socket
+                int(entry.name)
+                for entry in Path(f"/proc/{worker.pid}/fd").iterdir()
+                if os.readlink(entry).startswith("socket:")
+            ]
+            taken_over = Connection(_steal_descriptor(worker.pid, pipe))
+            taken_over.send_bytes(pickle.dumps(_Hostile(marker)))
+            with pytest.raises(WorkerDiedError):
+                trio.run(pool.decode, 0, 0, 1600)
+            taken_over.close()
+            assert not marker.exists(), "the reader ran code a decoder worker sent"
+            frames = trio.run(pool.decode, 0, 16000, 17600)  # by the replacement
+        finally:
+            pool.close()
+    samples, _, _ = ffmpeg_decode(str(flac))
+    assert np.array_equal(frames, samples[16000:17600])
+    replaced = [r.getMessage() for r in caplog.records if "replacing it" in r.getMessage()]
+    assert any("not a message" in line for line in replaced), replaced
+
+
+def test_an_audio_file_rewritten_after_indexing_is_not_served(public: Path) -> None:
+    source = public / "audio"
+    source.mkdir()
+    _tone(source / "a.flac", 440)
+    mountpoint = public / "mnt"
+    log = public / "log"
+    with mounted(str(source), str(mountpoint), "--direct-io", "--log-file", str(log)):
+        served = mountpoint / "recordings" / "a.wav"
+        assert len(_read_range(served, 0, 64000)) == 64000
+        _tone(public / "other.flac", 1000)
+        shutil.copy(public / "other.flac", source / "a.flac")  # same name, other audio
+        with pytest.raises(OSError):
+            _read_range(served, 6_400_044, 64000)
+    assert "changed since its recording was indexed" in log.read_text()
+
+
+def _read_range(path: Path, offset: int, size: int) -> bytes:
+    with open(path, "rb") as audio:
+        audio.seek(offset)
+        return audio.read(size)
+
+
+def test_transcodes_into_the_index_cache_are_bounded(public: Path, corpus: dict[str, str]) -> None:
+    """A WebM (no seeking in place: transcoded to FLAC) past --index-cache-size fails alone."""
+    source = public / "audio"
+    source.mkdir()
+    webm = source / "long.webm"
+    sine = ["-f", "lavfi", "-i", "sine=f=440:d=120", "-ar", "48000", "-c:a", "libopus"]
+    subprocess.run(["ffmpeg", "-v", "error", *sine, "-b:a", "12k", str(webm)], check=True)
+    shutil.copy(corpus[FLAC], source / "plain.flac")
+    cache, mountpoint = public / "cache", public / "mnt"
+    options = ("--cache-dir", str(cache), "--index-cache-size", "1M")
+    with mounted(str(source), str(mountpoint), *options):
+        with pytest.raises(OSError):
+            os.stat(mountpoint / "cuts" / "long.wav")  # 120 s at 48 kHz: 11.5 MB of PCM
+        assert os.stat(mountpoint / "cuts" / "plain.wav").st_size > 44
+    copies = [path.stat().st_size for path in cache.glob("*/plans/*") if path.suffix != ".arrow"]
+    assert sum(copies) <= 1 << 20, copies
+    with mounted(str(source), str(mountpoint), "--cache-dir", str(cache)):  # default 8G
+        assert os.stat(mountpoint / "cuts" / "long.wav").st_size == 44 + 2 * 120 * 48000
+
+
+# -- found in review ----------------------------------------------------------------------------
+
+
+def test_decoding_in_the_daemon_is_refused_when_reading_as_another_user(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """--workers 0 keeps decoding (and commands) in the daemon, which holds root to unmount."""
+    data = _kaldi_by_other_user(public, corpus, "id > /dev/null; cat a.flac")
+    (public / "mnt").mkdir()
+    result = subprocess.run(
+        [
+            *CUTFS,
+            "mount",
+            "--allow-commands",
+            "--no-decode-in-turn",
+            "--workers",
+            "0",
+            str(data),
+            str(public / "mnt"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "needs decoder workers" in result.stderr
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_source_others_can_write_needs_a_user(public: Path, secret: Path, processes: int) -> None:
+    """A root-owned, world-writable directory (like /tmp) is not read as root by default;
+    serving processes read it as the user too."""
+    shared = public / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    shutil.copy(secret, shared / "own.flac")
+    (shared / "own.flac").chmod(0o644)
+    (shared / "wav.scp").write_text(f"stolen {secret}\nown own.flac\n")
+    give_to_other_user(shared / "wav.scp")
+    mountpoint = public / "mnt"
+    mountpoint.mkdir()
+    refused = subprocess.run(
+        [*CUTFS, "mount", str(shared), str(mountpoint)], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode == 2
+    assert "--user" in refused.stderr
+    options = ("--allow-other", "--user", "nobody", "--allow-root", str(secret.parent))
+    with mounted(str(shared), str(mountpoint), *options, "--serving-processes", str(processes)):
+        for _ in range(3 * processes):  # whichever process answers
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            assert _read_as_other_user(mountpoint, "stolen.wav").stdout == b""  # as nobody
+            assert _read_as_other_user(mountpoint, "own.wav").returncode == 0
+            assert _stats(mountpoint)["counters"]  # its snapshots are written as nobody too
+
+
+def test_a_side_file_linked_outside_the_source_refuses_it(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    source = public / "data"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    (source / "wav.scp").write_text("a a.flac\n")
+    private = public / "private"
+    private.mkdir(mode=0o700)
+    (private / "notes").write_text("a TOP SECRET TRANSCRIPT\n")
+    (source / "text").symlink_to(private / "notes")
+    (public / "mnt").mkdir()
+    result = subprocess.run(
+        [*CUTFS, "mount", "--user", "root", str(source), str(public / "mnt")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 3
+    assert "links to" in result.stderr and "TOP SECRET" not in result.stderr
+
+
+def test_commands_get_none_of_the_daemons_environment(public: Path, corpus: dict[str, str]) -> None:
+    marker = public / "environment"
+    marker.touch()
+    give_to_other_user(marker)
+    data = _kaldi_by_other_user(public, corpus, f"env > {marker}; cat a.flac")
+    environment = {**os.environ, "ADMIN_SECRET_TOKEN": "hunter2"}
+    options = ("--allow-commands", "--allow-other")
+    with _mounted_in(environment, data, public / "mnt", *options) as mountpoint:
+        assert _read_as_other_user(mountpoint, "piped.wav").returncode == 0
+    seen = marker.read_text()
+    assert "hunter2" not in seen and "PATH=/usr/local/bin:/usr/bin:/bin" in seen
+
+
+def test_a_cache_path_through_a_users_link_is_not_made_by_root(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    source = _kaldi_by_other_user(public, corpus, "true")
+    root_only = public / "root-only"
+    root_only.mkdir(mode=0o700)
+    home = public / "home"
+    home.mkdir()
+    (home / "cache").symlink_to(root_only)
+    give_to_other_user(home)
+    (public / "mnt").mkdir()
+    mount_arguments = [str(source), str(public / "mnt")]
+    result = subprocess.run(
+        [*CUTFS, "mount", "--cache-dir", str(home / "cache" / "cutfs"), *mount_arguments],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 3
+    assert not (root_only / "cutfs").exists()  # made and chowned by root before
