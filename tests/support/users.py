@@ -54,8 +54,11 @@ def give_to_other_user(path: Path) -> None:
                 os.chown(os.path.join(root, name), other_uid(), other_gid(), follow_symlinks=False)
 
 
-def as_other_user(*command: str, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
-    """Run a command as the other user; its output is returned, never checked here."""
+def as_other_user(*command: str, timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
+    """Run a command as the other user; its output is returned, never checked here.
+
+    ``timeout`` only guards against a hang: no test asserts a time with it (under load, an
+    ``ls`` of a mount still starting its serving processes took longer than a minute)."""
     return subprocess.run(
         list(command),
         user=OTHER_USER,

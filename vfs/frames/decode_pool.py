@@ -68,6 +68,9 @@ from cutfs.vfs.stats.statistics import Statistics
 log = logging.getLogger("cutfs.decode_pool")
 
 DEFAULT_DEADLINE_SECONDS = 30.0
+#: How long a decoder worker may take to start (import its modules, open the library)
+#: when the read deadline is shorter.
+WORKER_START_SECONDS: Final = 60.0
 #: Indexing a recording decodes all of it: a 36-hour MP3 takes minutes.
 INDEX_DEADLINE_SECONDS = 1800.0
 
@@ -146,9 +149,14 @@ class DecodePool:
             worker.start()
 
     def wait_ready(self) -> None:
-        """Wait until every worker has opened the shards; raise what one failed with."""
+        """Wait until every worker has opened the shards; raise what one failed with.
+
+        A worker may take :data:`WORKER_START_SECONDS` to start, or the read deadline if
+        that is longer: starting is not a read, and a busy node takes seconds to start an
+        interpreter (a mount with ``--read-timeout 3`` failed to start under load)."""
+        start_seconds = max(self._deadline_seconds, WORKER_START_SECONDS)
         for worker in self._workers:
-            worker.wait_ready(self._deadline_seconds)
+            worker.wait_ready(start_seconds)
 
     async def watch(self, interval_seconds: float = 1.0) -> None:
         """Replace idle workers that died (busy ones are seen by their request); runs forever."""
