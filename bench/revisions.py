@@ -5,14 +5,15 @@ throughput with 2 readers, each revision mounting in turn, round after round.
     sudo .venv/bin/python bench/revisions.py 78cb600 HEAD --rounds 2
     sudo .venv/bin/python bench/revisions.py HEAD "HEAD:--no-decode-in-turn"
 
-Each revision is checked out into a temporary git worktree and mounts from there
-(``python -m cutfs.vfs.cli`` with the worktree as its directory, the packages of this
-checkout's virtual environment).  The corpus and shards are bench/run.py's quick ones.
-Per round and revision, for each 2-hour recording named by ``--recordings``: a fresh
-daemon, then every cut once with the page cache dropped before it, each followed by the
-same cut with soundfile on the original (page cache dropped too); then bench/run.py's
+Each revision is checked out into a temporary git worktree and mounts from there: a
+virtual environment made beside it puts the worktree, then the packages of this checkout's
+environment, on its path (a ``.pth`` file: cutfs starts isolated interpreters, which
+ignore ``PYTHONPATH`` and the working directory). The corpus and shards are bench/run.py's
+quick ones. Per round and revision, for each 2-hour recording named by ``--recordings``: a
+fresh daemon, then every cut once with the page cache dropped before it, each followed by
+the same cut with soundfile on the original (page cache dropped too); then bench/run.py's
 uncached throughput (2 readers, a mount with a 1 MB block cache and ``--direct-io``,
-against 2 soundfile processes).  Taking turns spreads the host's drift over all the
+against 2 soundfile processes). Taking turns spreads the host's drift over all the
 revisions: compare the ratios, each against soundfile in the same step.
 """
 
@@ -56,7 +57,7 @@ def main() -> int:
     mountpoint.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[str, int, str, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="cutfs-revisions-") as scratch:
-        trees: dict[str, tuple[Path, tuple[str, ...]]] = {}
+        trees: dict[str, tuple[str, tuple[str, ...]]] = {}
         for label in args.revisions:
             revision, _, options = label.partition(":")
             tree = Path(scratch) / f"{len(trees)}"
@@ -66,23 +67,24 @@ def main() -> int:
                 cwd=REPOSITORY,
                 capture_output=True,
             )
-            trees[label] = (tree, tuple(shlex.split(options)))
+            trees[label] = (_interpreter_for(tree), tuple(shlex.split(options)))
         try:
             for round_number in range(args.rounds):
-                for revision, (tree, options) in trees.items():
+                for revision, (python, options) in trees.items():
                     rows += _cold(
-                        setup, tree, options, mountpoint, args.recordings, revision, round_number
+                        setup, python, options, mountpoint, args.recordings, revision, round_number
                     )
-                    for row in uncached_throughput(setup, repository=tree, options=options):
+                    command = (python, "-m", "cutfs.vfs.cli")
+                    for row in uncached_throughput(setup, cutfs=command, options=options):
                         ratio = row["cutfs_cuts_per_second"] / row["soundfile_cuts_per_second"]
                         name = f"uncached {row['recording']}"
                         rows.append((revision, round_number, name, ratio, 0.0))
                         print(f"bench: {revision} round {round_number} {name} {ratio:.2f}x")
         finally:
             _unmount(mountpoint)
-            for tree, _ in trees.values():
+            for python, _ in trees.values():
                 subprocess.run(
-                    ["git", "worktree", "remove", "--force", str(tree)],
+                    ["git", "worktree", "remove", "--force", str(Path(python).parents[2])],
                     check=False,
                     cwd=REPOSITORY,
                     capture_output=True,
@@ -91,9 +93,22 @@ def main() -> int:
     return 0
 
 
+def _interpreter_for(tree: Path) -> str:
+    """A Python that imports cutfs from the worktree ``tree`` and everything else from this
+    checkout's environment: a virtual environment inside the worktree (``tree/.venv``),
+    whose ``.pth`` lists both."""
+    environment = tree / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(environment)], check=True)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    packages = [path for path in sys.path if path.endswith("site-packages")]
+    site = environment / "lib" / version / "site-packages"
+    (site / "revision.pth").write_text("\n".join([str(tree), *packages]) + "\n")
+    return str(environment / "bin" / "python")
+
+
 def _cold(
     setup: Setup,
-    tree: Path,
+    python: str,
     options: tuple[str, ...],
     mountpoint: Path,
     recordings: list[str],
@@ -106,11 +121,11 @@ def _cold(
         _unmount(mountpoint)
         subprocess.run(
             [
-                *(sys.executable, "-m", "cutfs.vfs.cli", "mount", *options),
+                *(python, "-m", "cutfs.vfs.cli", "mount", *options),
                 *(str(setup.shards), str(mountpoint)),
             ],
             check=True,
-            cwd=tree,
+            cwd=Path(python).parents[2],  # revisions before the clean start import from here
         )
         cold, direct = [], []
         for cut in (cut for cut in setup.cuts[rid] if "/c" in cut.cut_id):

@@ -757,14 +757,14 @@ def _evicting_loop(paths: list[str], seconds: float, seed: int) -> int:
 def _uncached_throughput(
     setup: Setup,
     readers: int = 2,
-    repository: Path = REPOSITORY,
+    cutfs: tuple[str, ...] = tuple(CUTFS),
     options: tuple[str, ...] = (),
     evict: bool = False,
 ) -> list[dict[str, Any]]:
     """Cuts decoded per second by ``readers`` processes: through a mount that caches no
     PCM (every read decodes), against the same number of processes decoding the same cuts
     from the original files with soundfile. Storage is in the page cache for both.
-    ``repository``: the checkout whose cutfs mounts (see bench/revisions.py); ``options``:
+    ``cutfs``: the command that mounts (another checkout's: see bench/revisions.py); ``options``:
     more options of ``cutfs mount`` (see bench/serving.py).
 
     The kernel must not answer from the cut's pages: by default the mount has
@@ -779,12 +779,10 @@ def _uncached_throughput(
     _unmount(mountpoint)
     pages = () if evict else ("--direct-io",)
     loop = _evicting_loop if evict else _reader_loop
-    command = [*CUTFS, "mount", "--cache-size", "1M", *pages, *options]
-    subprocess.run(
-        [*command, str(setup.shards), str(mountpoint)],
-        check=True,
-        cwd=repository,
-    )
+    command = [*cutfs, "mount", "--cache-size", "1M", *pages, *options]
+    # Revisions before the clean start imported cutfs from the working directory.
+    checkout = Path(cutfs[0]).parents[2] if cutfs[0] != sys.executable else REPOSITORY
+    subprocess.run([*command, str(setup.shards), str(mountpoint)], check=True, cwd=checkout)
     try:
         for rid in sorted(rid for rid in setup.cuts if rid.endswith("2h")):
             cuts = setup.cuts[rid]
