@@ -36,6 +36,7 @@ from cutfs.codec.storage.object_service import (
     RangedGet,
     Retried,
     RetryableError,
+    same_version,
     xml_error_code,
 )
 
@@ -123,8 +124,7 @@ class AzureService:
         return RangedGet(url, headers)
 
     def check_version(self, headers: Any, pinned: PinnedObject) -> bool:
-        etag = headers.get("ETag")
-        return etag is None or str(etag) == pinned.etag
+        return same_version(headers.get("ETag"), pinned.etag)
 
     def error_code(self, body: bytes) -> str:
         return xml_error_code(body)

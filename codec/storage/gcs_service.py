@@ -34,6 +34,7 @@ from cutfs.codec.storage.object_service import (
     RangedGet,
     Retried,
     RetryableError,
+    same_version,
 )
 
 _PUBLIC_ENDPOINT: Final = "https://storage.googleapis.com"
@@ -83,8 +84,7 @@ class GcsService:
         return RangedGet(url, {"Range": f"bytes={start}-{stop - 1}", **self._authorization()})
 
     def check_version(self, headers: Any, pinned: PinnedObject) -> bool:
-        generation = headers.get("x-goog-generation")
-        return generation is None or str(generation) == pinned.etag
+        return same_version(headers.get("x-goog-generation"), pinned.etag)
 
     def error_code(self, body: bytes) -> str:
         """The ``reason`` of a JSON API error, or ''."""

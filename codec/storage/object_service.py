@@ -60,7 +60,10 @@ class ObjectService(Protocol):
         ...
 
     def check_version(self, headers: Any, pinned: PinnedObject) -> bool:
-        """Whether a reply's headers say it is of the pinned version (where they say)."""
+        """Whether a reply's headers say it is of the pinned version (see
+        :func:`same_version`).  The request was conditional on it already, but a server or a
+        cache that ignores the condition would otherwise pass other bytes as the pinned
+        ones: a reply that does not name its version is not of the pinned one."""
         ...
 
     def error_code(self, body: bytes) -> str:
@@ -120,3 +123,15 @@ def xml_error_code(body: bytes) -> str:
     if start < 0 or end < start:
         return ""
     return body[start + len(b"<Code>") : end].decode("ascii", "replace")[:64]
+
+
+def same_version(stated: object, pinned: str) -> bool:
+    """Whether a version a reply states (an ETag, a generation; ``None`` when it states
+    none) is ``pinned``, quotes and a weak validator's ``W/`` aside."""
+    if stated is None:
+        return False
+    return _bare(str(stated)) == _bare(pinned)
+
+
+def _bare(version: str) -> str:
+    return version.strip().removeprefix("W/").strip('"')

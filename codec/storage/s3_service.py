@@ -28,6 +28,7 @@ from cutfs.codec.storage.object_service import (
     RangedGet,
     Retried,
     RetryableError,
+    same_version,
     xml_error_code,
 )
 
@@ -77,7 +78,7 @@ class S3Service:
         return RangedGet(self._url(key), headers)
 
     def check_version(self, headers: Any, pinned: PinnedObject) -> bool:
-        return True  # the server checked If-Match
+        return same_version(headers.get("ETag"), pinned.etag)
 
     def error_code(self, body: bytes) -> str:
         return xml_error_code(body)

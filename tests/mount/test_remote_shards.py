@@ -21,8 +21,8 @@ from support.mounts import (
     mounted,
     needs_fuse,
 )
-from support.references import cut_path, cut_plan
-from support.servers import S3Server
+from support.references import cut_path, cut_plan, recording_id
+from support.servers import HeaderDroppingProxy, S3Server
 
 from cutfs.codec.catalogue.shard_set import ShardSet
 
@@ -132,6 +132,39 @@ def test_an_object_replaced_under_the_mount_fails_its_reads_not_serves_other_aud
         assert victim  # the log line names it: checked by the fault tests' log assertions
         # Files that need no audio are still answered.
         assert os.path.getsize(cut_path(mnt, cut_ids[0])) > 44
+
+
+def test_a_store_that_ignores_the_pinned_version_cannot_serve_a_replaced_object(
+    s3_server: S3Server, shard_dir: str, tmp_path: Path
+) -> None:
+    """Between the mount and the store, something ignores ``If-Match`` (a cache, or a store
+    like s3rver): the version of every reply is checked against the pin on this side too,
+    so a shard overwritten under the mount fails its reads instead of serving its new
+    bytes."""
+    uri = _uploaded(s3_server, shard_dir, "unconditional")
+    with ShardSet(shard_dir) as shards:  # PCM: other bytes decode as other audio, no error
+        victim = list(shards.recordings.ids).index(recording_id("wav_s16_mono_16k.wav"))
+        name, start, end = shards.blob_location(victim)
+        cut_ids = [
+            shards.cut_ids[i] for i in range(shards.num_cuts) if shards.cut_recording(i) == victim
+        ]
+    proxy = HeaderDroppingProxy(int(s3_server.endpoint.rsplit(":", 1)[1]), b"If-Match")
+    through_proxy = uri.replace(
+        s3_server.endpoint.removeprefix("http://"), f"127.0.0.1:{proxy.port}"
+    )
+    options = ("--cache-dir", str(tmp_path / "cache"), "--serving-processes", "1")
+    try:
+        with mounted(through_proxy, str(tmp_path / "mnt"), *options) as mnt:
+            replaced = bytearray(_read(os.path.join(shard_dir, name)))
+            samples = slice(start + 1024, end)  # past the WAV header: the samples
+            replaced[samples] = bytes(255 - byte for byte in replaced[samples])
+            s3_server.put(BUCKET, f"unconditional/{name}", bytes(replaced))
+            with pytest.raises(OSError) as failure:
+                _read(cut_path(mnt, cut_ids[0]))
+            assert failure.value.errno == errno.EIO
+            assert _store(mnt)["errors"] >= 1
+    finally:
+        proxy.close()
 
 
 def test_a_stalled_store_fails_reads_at_the_deadline_and_recovers(

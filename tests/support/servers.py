@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -162,3 +164,39 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> No
             process.kill()
             pytest.fail(f"{what} did not start")
         time.sleep(0.1)
+
+
+class HeaderDroppingProxy:
+    """A proxy on loopback in front of an HTTP server that drops one request header from
+    what clients send, as a cache or a store that ignores it would (``If-Match``: a server
+    that ignores it answers a conditional GET with whatever the object now holds)."""
+
+    def __init__(self, target_port: int, header: bytes) -> None:
+        self._target_port = target_port
+        self._pattern = re.compile(rb"\r\n" + re.escape(header) + rb":[^\r\n]*", re.IGNORECASE)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self._target_port))
+            threading.Thread(target=self._pipe, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, requests: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(1 << 16):
+                sink.sendall(self._pattern.sub(b"", data) if requests else data)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+        source.close()  # each socket is the source of one pipe: closed once
