@@ -637,7 +637,7 @@ class SourceIndex:
             identity = (
                 f"file\0{path}\0{self._offsets[recording_index]}\0"
                 f"{self._lengths[recording_index]}\0{status.st_size}\0{status.st_mtime_ns}\0"
-                f"{status.st_ino}"
+                f"{status.st_ino}\0{status.st_ctime_ns}"
             )
         identity = f"{INDEX_VERSION}\0{identity}"
         return hashlib.sha256(identity.encode("utf-8", "surrogateescape")).hexdigest()[:32]
@@ -909,7 +909,8 @@ def _stamp_file(digest: Any, path: str) -> None:
         status = os.stat(path)
     except OSError:
         return
-    digest.update(f"{path}\0{status.st_size}\0{status.st_mtime_ns}\n".encode(errors="replace"))
+    times = f"{status.st_mtime_ns}\0{status.st_ctime_ns}"  # the change time: no user sets it
+    digest.update(f"{path}\0{status.st_size}\0{times}\n".encode(errors="replace"))
 
 
 def _recordings_table(catalogue: SourceCatalogue) -> pa.Table:

@@ -43,7 +43,7 @@ class LocalStore:
         self._max_open_maps = max_open_maps
         self._opener = opener or _open_regular_file
         self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
-        self._stamps: dict[str, tuple[int, int, int]] = {}
+        self._stamps: dict[str, tuple[int, int, int, int]] = {}
         self._reads = 0
         self._requests = 0
 
@@ -117,7 +117,7 @@ class LocalStore:
         mapped); a file pinned before, and opened again once its map was closed, must
         be the same unchanged file."""
         status = os.fstat(descriptor)
-        stamp = (status.st_ino, status.st_size, status.st_mtime_ns)
+        stamp = _stamp_of(status)
         if self._stamps.setdefault(name, stamp) != stamp:
             raise ShardFormatError(
                 "the file changed since it was first opened (rewritten or replaced?): "
@@ -161,18 +161,24 @@ def _open_regular_file(path: str) -> int:
     return descriptor
 
 
-def file_stamp(path: str) -> tuple[int, int, int]:
-    """(inode, size, modification time) of a file, all -1 when it cannot be read.
+def file_stamp(path: str) -> tuple[int, int, int, int]:
+    """(inode, size, modification time, change time) of a file, all -1 when it cannot be
+    read.
 
-    Two equal stamps mean, for cutfs's purposes, the same unchanged file: a
-    file replaced by another gets a new inode, one rewritten in place a new
-    modification time.
+    Two equal stamps mean, for cutfs's purposes, the same unchanged file: a file replaced
+    by another gets a new inode, one rewritten in place a new modification time, and one
+    whose modification time was put back (``touch -d``, ``os.utime``) a new change time,
+    which no user can set.
     """
     try:
         status = os.stat(path)
     except OSError:
-        return (-1, -1, -1)
-    return (status.st_ino, status.st_size, status.st_mtime_ns)
+        return (-1, -1, -1, -1)
+    return _stamp_of(status)
+
+
+def _stamp_of(status: os.stat_result) -> tuple[int, int, int, int]:
+    return (status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
 
 
 def file_version(path: str) -> str:
@@ -180,5 +186,5 @@ def file_version(path: str) -> str:
     return _version_text(file_stamp(path))
 
 
-def _version_text(stamp: tuple[int, int, int]) -> str:
-    return "{}:{}:{}".format(*stamp)
+def _version_text(stamp: tuple[int, int, int, int]) -> str:
+    return "{}:{}:{}:{}".format(*stamp)

@@ -10,6 +10,7 @@ nothing serves wrong audio, and one bad entry never takes the rest down.
 from __future__ import annotations
 
 import ctypes
+import errno
 import gzip
 import io
 import json
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import tarfile
 import time
+import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
@@ -1015,6 +1017,40 @@ def test_an_audio_file_rewritten_after_indexing_is_not_served(public: Path) -> N
         with pytest.raises(OSError):
             _read_range(served, 6_400_044, 64000)
     assert "changed since its recording was indexed" in log.read_text()
+
+
+def test_an_audio_file_rewritten_with_its_time_put_back_is_not_served(public: Path) -> None:
+    """The file's owner rewrites its samples in place, same size, and puts the modification
+    time back (``touch -d``): the change time, which no user can set, still tells."""
+    source = public / "audio"
+    source.mkdir()
+    samples = (np.sin(np.arange(16000 * 20) * 0.05) * 10000).astype("<i2")
+    with wave.open(str(source / "a.wav"), "wb") as audio:
+        audio.setnchannels(1)
+        audio.setsampwidth(2)
+        audio.setframerate(16000)
+        audio.writeframes(samples.tobytes())
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    log = public / "log"
+    # A small cache: a decode covers at most a quarter of it, so the second read decodes.
+    options = ("--direct-io", "--cache-size", "1M", "--log-file", str(log))
+    with mounted(str(source), str(mountpoint), *options):
+        served = mountpoint / "recordings" / "a.wav"
+        assert _read_range(served, 44, 64000) == samples[:32000].tobytes()
+        before = os.stat(source / "a.wav")
+        with open(source / "a.wav", "r+b") as audio:  # as its owner could: same inode, size
+            audio.seek(44)
+            audio.write((-samples).tobytes())
+        os.utime(source / "a.wav", ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert os.stat(source / "a.wav").st_mtime_ns == before.st_mtime_ns
+        try:
+            rest = _read_range(served, 44 + 16000 * 2 * 15, 64000)
+        except OSError as exc:
+            assert exc.errno == errno.EIO
+        else:
+            assert rest == samples[16000 * 15 : 16000 * 17].tobytes(), "other audio served"
+    assert "changed since" in log.read_text()
 
 
 def _read_range(path: Path, offset: int, size: int) -> bytes:
