@@ -9,6 +9,7 @@ nothing serves wrong audio, and one bad entry never takes the rest down.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import gzip
@@ -33,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 from support.corpus import ffmpeg_decode, wav_header
 from support.mounts import CUTFS, mounted, needs_fuse
 from support.references import Reference
@@ -1051,6 +1053,77 @@ def test_an_audio_file_rewritten_with_its_time_put_back_is_not_served(public: Pa
         else:
             assert rest == samples[16000 * 15 : 16000 * 17].tobytes(), "other audio served"
     assert "changed since" in log.read_text()
+
+
+def _board_of(mountpoint: Path) -> Path:
+    """The statistics board of the mount at ``mountpoint`` (the daemon's private directory
+    holds it; its subdirectory belongs to the serving user)."""
+    (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
+    for descriptor in Path(f"/proc/{daemon}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            for parent in Path(os.readlink(descriptor)).parents:
+                if parent.name.startswith("cutfs-serving-"):
+                    return parent / "statistics"
+    raise AssertionError("the daemon holds nothing of its shared directory open")
+
+
+def test_a_sources_owner_cannot_hang_or_forge_what_stats_prints(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """The serving processes run as the source's owner and publish their figures in a
+    directory that owner can write.  The owner puts a FIFO where one process publishes,
+    a file with names made of escape sequences and line breaks where another does, and
+    keeps both processes from replacing them: root's ``cutfs stats`` neither hangs nor
+    prints a control character, and ``--prometheus`` gives only cutfs's own families."""
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other", "--serving-processes", "2"):
+        assert _read_as_other_user(mountpoint, "a.wav").returncode == 0
+        board = _board_of(mountpoint)
+        forged = {
+            "pid": 1,
+            "sequence": 1,
+            "published": time.time(),
+            "statistics": {
+                "started": 0,
+                "counters": {"requests.read": 1, "x\x1b[2J\ncutfs_forged_total 1\n#": 7},
+                "errors": {"\x1b]0;owned\x07": 1},
+                "latencies": {},
+            },
+            "sections": {"serving": {"note": "\x1b[31mred\x1b[0m"}},
+        }
+        (public / "forged.json").write_text(json.dumps(forged))
+        give_to_other_user(public / "forged.json")
+        script = (
+            f"mkdir {board}/1.json.new {board}/2.json.new; "  # neither can publish again
+            f"mv {public}/forged.json {board}/1.json; "
+            f"rm -f {board}/2.json; mkfifo {board}/2.json"
+        )
+        assert as_other_user("sh", "-c", script).returncode == 0
+        for _ in range(4):  # whichever process answers, it reads the other's file
+            shown = subprocess.run(
+                [*CUTFS, "stats", str(mountpoint)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert shown.returncode == 0, shown.stderr
+            assert not any(c != "\n" and not c.isprintable() for c in shown.stdout), shown.stdout
+            metrics = subprocess.run(
+                [*CUTFS, "stats", "--prometheus", str(mountpoint)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert metrics.returncode == 0, metrics.stderr
+            families = {f.name for f in text_string_to_metric_families(metrics.stdout)}
+            assert families and all(name.startswith("cutfs_") for name in families)
+            assert "cutfs_forged" not in metrics.stdout
 
 
 def _read_range(path: Path, offset: int, size: int) -> bytes:

@@ -47,8 +47,10 @@ from cutfs.vfs.cli.mount_arguments import (
     mount_options,
     o_options_help,
 )
+from cutfs.vfs.cli.printable import printable
 from cutfs.vfs.daemon.mount import ExitCode, MountError, serve
 from cutfs.vfs.daemon.mount_options import DaemonOptions, parse_size
+from cutfs.vfs.stats.prometheus import exposition_lines
 from cutfs.vfs.tree.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE
 
 log = logging.getLogger("cutfs")
@@ -827,25 +829,35 @@ def _stats(args: argparse.Namespace) -> int:
     if args.prometheus:
         metrics = os.path.join(args.mountpoint, CONTROL_DIR, METRICS_FILE)
         try:
-            with open(metrics, encoding="utf-8") as metrics_file:
-                print(metrics_file.read(), end="")
+            with open(metrics, encoding="utf-8", errors="replace") as metrics_file:
+                text = metrics_file.read(_MOST_STATS_BYTES)
         except OSError as exc:
             print(f"cutfs stats: cannot read {metrics}: {exc.strerror}", file=sys.stderr)
             return ExitCode.ERROR
+        print(exposition_lines(text), end="")
         return ExitCode.OK
     path = os.path.join(args.mountpoint, CONTROL_DIR, STATS_FILE)
     try:
         with open(path, encoding="utf-8") as stats_file:
-            text = stats_file.read()
-        stats = json.loads(text)
+            stats = json.loads(stats_file.read(_MOST_STATS_BYTES))
+        if not isinstance(stats, dict):
+            raise ValueError("not a JSON object")
     except (OSError, ValueError) as exc:
-        print(f"cutfs stats: cannot read {path}: {exc}", file=sys.stderr)
+        print(f"cutfs stats: cannot read {path}: {printable(str(exc))}", file=sys.stderr)
         return ExitCode.ERROR
-    if args.json:
-        print(text, end="")
+    if args.json:  # made anew here: whatever the file held, its text is escaped JSON
+        print(json.dumps(stats, indent=1))
         return ExitCode.OK
-    print(format_stats(stats))
+    try:
+        print(format_stats(stats))
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        print(f"cutfs stats: {path} is not what a mount writes: {exc!r:.200}", file=sys.stderr)
+        return ExitCode.ERROR
     return ExitCode.OK
+
+
+#: The most of a statistics file ``cutfs stats`` reads (they are a few KiB).
+_MOST_STATS_BYTES = 4 << 20
 
 
 def format_stats(stats: dict[str, Any]) -> str:
@@ -855,16 +867,19 @@ def format_stats(stats: dict[str, Any]) -> str:
     for section in sections:
         values = stats.get(section) or {}
         lines.append(f"\n{section}" + ("  (none)" if not values else ""))
-        width = max((len(key) for key in values), default=0)
-        lines += [f"  {key:<{width}}  {value}" for key, value in values.items()]
+        width = max((len(printable(str(key))) for key in values), default=0)
+        lines += [
+            f"  {printable(str(key)):<{width}}  {printable(str(value))}"
+            for key, value in values.items()
+        ]
     latency = stats.get("latency") or {}
     if latency:
         lines.append("\nlatency (ms)")
         lines.append(f"  {'phase':<12} {'count':>9} {'mean':>9} {'p50':>9} {'p99':>9} {'max':>9}")
         for phase, row in latency.items():
             lines.append(
-                f"  {phase:<12} {row['count']:>9} {row['mean_ms']:>9.2f} {row['p50_ms']:>9.2f} "
-                f"{row['p99_ms']:>9.2f} {row['max_ms']:>9.2f}"
+                f"  {printable(str(phase)):<12} {row['count']:>9} {row['mean_ms']:>9.2f} "
+                f"{row['p50_ms']:>9.2f} {row['p99_ms']:>9.2f} {row['max_ms']:>9.2f}"
             )
     return "\n".join(lines)
 

@@ -77,7 +77,7 @@ def render_metrics(statistics: Statistics, sections: Mapping[str, Mapping[str, A
     for name, value in sorted(others.items()):
         metric = "cutfs_" + _metric_name(name) + "_total"
         lines += _family(
-            metric, "counter", f"The mount's {name.replace('_', ' ')} counter.", [({}, value)]
+            metric, "counter", "A counter of the mount (named by the metric).", [({}, value)]
         )
     lines += _histograms(statistics.latencies)
     for section, values in sorted(sections.items()):
@@ -89,10 +89,20 @@ def render_metrics(statistics: Statistics, sections: Mapping[str, Mapping[str, A
             kind = "counter" if counter else "gauge"
             if kind == "counter":
                 metric += "_total"
-            lines += _family(metric, kind, f"{section}: {name.replace('_', ' ')}.", [({}, value)])
+            lines += _family(metric, kind, _SECTION_HELP.get(section, _OTHER_HELP), [({}, value)])
     return "\n".join(lines) + "\n"
 
 
+#: The HELP text of each section's figures: fixed strings, never names from the data.
+_SECTION_HELP: Final = {
+    "cache": "A figure of the mount's block cache (named by the metric).",
+    "workers": "A figure of the mount's decoder workers (named by the metric).",
+    "shards": "A figure of the mount's shards or source (named by the metric).",
+    "store": "A figure of the mount's byte store (named by the metric).",
+    "views": "A figure of the mount's views (named by the metric).",
+    "indexing": "A figure of the mount's indexing of recordings (named by the metric).",
+}
+_OTHER_HELP: Final = "A figure of the mount (named by the metric)."
 #: Fields of the sections that only ever grow.
 _COUNTER_FIELDS: Final = frozenset({"hits", "misses", "restarts"})
 #: Sections all of whose fields only ever grow.
@@ -154,3 +164,20 @@ def _metric_name(text: str) -> str:
 
 def _uptime(statistics: Statistics) -> float:
     return round(time.time() - statistics.started, 3)
+
+
+#: The lines of the exposition format cutfs writes: comments on its own families, and
+#: samples of them (labels quoted and escaped, a number).
+_EXPOSITION_LINE: Final = re.compile(
+    r"# (HELP|TYPE) cutfs_[a-zA-Z0-9_]+ [ -~]*"
+    r'|cutfs_[a-zA-Z0-9_]+(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\.)*",?)*\})? '
+    r"(-?[0-9.eE+-]+|[+-]Inf|NaN)"
+)
+
+
+def exposition_lines(text: str) -> str:
+    """The lines of ``text`` (a ``.cutfs/metrics`` file) that are lines cutfs writes; others
+    are dropped, so that what reaches node_exporter's textfile collector is cutfs's own
+    families only, whatever a serving process wrote."""
+    kept = [line for line in text.splitlines() if _EXPOSITION_LINE.fullmatch(line)]
+    return "".join(f"{line}\n" for line in kept)

@@ -8,6 +8,7 @@ logarithmic buckets, so memory stays constant however long the mount runs.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -68,11 +69,19 @@ class Histogram:
 
     def absorb(self, exported: dict[str, Any]) -> None:
         """Add another histogram's observations (from :meth:`export`)."""
-        for bucket, count in exported["buckets"].items():
-            self._buckets[int(bucket)] += int(count)
-        self.count += int(exported["count"])
-        self.total_seconds += float(exported["total_seconds"])
-        self.max_seconds = max(self.max_seconds, float(exported["max_seconds"]))
+        buckets = {
+            int(bucket): checked_count(count) for bucket, count in exported["buckets"].items()
+        }
+        if any(abs(bucket) > _MOST_BUCKET for bucket in buckets):
+            raise ValueError("a histogram bucket out of range")
+        seconds = float(exported["total_seconds"]), float(exported["max_seconds"])
+        if not all(math.isfinite(value) and value >= 0 for value in seconds):
+            raise ValueError("histogram seconds out of range")
+        for bucket, count in buckets.items():
+            self._buckets[bucket] += count
+        self.count += checked_count(exported["count"])
+        self.total_seconds += seconds[0]
+        self.max_seconds = max(self.max_seconds, seconds[1])
 
     def summary(self) -> dict[str, float]:
         mean = self.total_seconds / self.count if self.count else 0.0
@@ -126,12 +135,17 @@ class Statistics:
         }
 
     def absorb(self, exported: dict[str, Any]) -> None:
-        """Add what another process counted (its :meth:`export`) to this one."""
+        """Add what another process counted (its :meth:`export`) to this one.
+
+        What another process published is data from a process that runs as the source's
+        owner: every name must be a :func:`checked_name` and every count a
+        :func:`checked_count`, else ValueError (and nothing should be kept of it: absorb
+        into a fresh :class:`Statistics` first)."""
         self.started = min(self.started, float(exported["started"]))
-        self.counters.update({str(k): int(v) for k, v in exported["counters"].items()})
-        self.errors.update({str(k): int(v) for k, v in exported["errors"].items()})
+        self.counters.update(_checked_counts(exported["counters"]))
+        self.errors.update(_checked_counts(exported["errors"]))
         for phase, histogram in exported["latencies"].items():
-            self.latencies.setdefault(str(phase), Histogram()).absorb(histogram)
+            self.latencies.setdefault(checked_name(phase), Histogram()).absorb(histogram)
 
     def copy(self) -> Statistics:
         """An independent copy (to add other processes' figures to)."""
@@ -139,3 +153,33 @@ class Statistics:
         copied.absorb(self.export())
         copied.started = self.started
         return copied
+
+
+#: Quarter-octave buckets span 2**-64 s to 2**64 s at most.
+_MOST_BUCKET: Final = 4 * 64
+#: What a counter, error or phase may be called: what cutfs's own names are made of.
+_NAME: Final = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
+#: The most a count may be (a JSON integer can be of any size).
+MOST_COUNT: Final = 1 << 62
+
+
+def checked_name(name: object) -> str:
+    """``name`` if it is a name cutfs could have given (letters, digits, ``_.:-``, at
+    most 80 characters); ValueError else (a name with a line break or an escape sequence
+    must never reach a terminal or Prometheus)."""
+    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+        raise ValueError(f"not a statistics name: {name!r:.100}")
+    return name
+
+
+def checked_count(count: object) -> int:
+    """``count`` if it is an integer in [0, 2**62]; ValueError else."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MOST_COUNT:
+        raise ValueError(f"not a count: {count!r:.100}")
+    return count
+
+
+def _checked_counts(counts: Any) -> dict[str, int]:
+    if not isinstance(counts, dict):
+        raise ValueError("counts are not a mapping")
+    return {checked_name(name): checked_count(count) for name, count in counts.items()}

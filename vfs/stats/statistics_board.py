@@ -23,12 +23,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from cutfs.codec.trust.shared_file import read_regular_file, replace_file
 from cutfs.vfs.daemon.doorbell import Doorbell
-from cutfs.vfs.stats.statistics import Statistics
+from cutfs.vfs.stats.statistics import Statistics, checked_name
 
 log = logging.getLogger("cutfs.statistics_board")
 
@@ -46,6 +48,11 @@ FRESH_WAIT_SECONDS: Final = 0.1
 _FRESH_POLL_SECONDS: Final = 0.001
 #: A published file larger than this is not read (they are a few KiB).
 _LARGEST_FILE_BYTES: Final = 1 << 20
+#: Sections nest this deep at most, lists hold this many numbers at most.
+_MOST_DEPTH: Final = 3
+_MOST_LIST: Final = 1024
+#: Text another process may publish: printable ASCII, 200 characters at most.
+_TEXT: Final = re.compile(r"[ -~]{0,200}")
 
 
 class StatisticsBoard:
@@ -81,11 +88,9 @@ class StatisticsBoard:
                 name: sections[name] for name in (*SUMMED_SECTIONS, *_DAEMONS) if name in sections
             },
         }
-        temporary = self._path(self._index) + ".new"
+        path = self._path(self._index)
         try:
-            with open(temporary, "w", encoding="utf-8") as file:
-                json.dump(state, file)
-            os.replace(temporary, self._path(self._index))
+            replace_file(path, json.dumps(state).encode(), path + ".new")
         except OSError as exc:
             log.warning("cannot publish this process's statistics: %s", exc)
 
@@ -105,9 +110,9 @@ class StatisticsBoard:
                 total.absorb(checked.export())
                 for name, section in state["sections"].items():
                     if name in SUMMED_SECTIONS and isinstance(section, dict):
-                        combined[name] = _added(combined.get(name, {}), section)
+                        combined[name] = _added(combined.get(name, {}), _checked(section))
                     elif name in _DAEMONS and isinstance(section, dict):
-                        combined[name] = section
+                        combined[name] = _checked(section)
                 answered[index] = _requests(state["statistics"]["counters"])
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 log.warning("left out the statistics of serving process %d: %s", index, exc)
@@ -145,10 +150,7 @@ class StatisticsBoard:
             if index == self._index:
                 continue
             try:
-                with open(self._path(index), "rb") as file:
-                    content = file.read(_LARGEST_FILE_BYTES + 1)
-                if len(content) > _LARGEST_FILE_BYTES:
-                    raise ValueError("file too large")
+                content = read_regular_file(self._path(index), _LARGEST_FILE_BYTES)
                 state = json.loads(content)
                 if not isinstance(state, dict):
                     raise ValueError("not an object")
@@ -159,6 +161,31 @@ class StatisticsBoard:
                 continue
             states.append((index, state))
         return states
+
+
+def _checked(section: dict[str, Any], depth: int = 0) -> dict[str, Any]:
+    """A section another process published, if it holds only what cutfs's own do: names
+    (:func:`checked_name`) mapped to numbers, short plain text, lists of numbers or such
+    sections, three deep at most; ValueError else."""
+    if depth > _MOST_DEPTH:
+        raise ValueError("a section nested too deep")
+    checked: dict[str, Any] = {}
+    for name, value in section.items():
+        if isinstance(value, dict):
+            checked[checked_name(name)] = _checked(value, depth + 1)
+        elif isinstance(value, list):
+            if not all(_is_number(item) or item is None for item in value):
+                raise ValueError(f"a list of other than numbers in {name!r:.80}")
+            checked[checked_name(name)] = value[:_MOST_LIST]
+        elif isinstance(value, str):
+            if _TEXT.fullmatch(value) is None:
+                raise ValueError(f"text with characters not shown in {name!r:.80}")
+            checked[checked_name(name)] = value
+        elif _is_number(value) or value is None or isinstance(value, bool):
+            checked[checked_name(name)] = value
+        else:
+            raise ValueError(f"an unexpected value in {name!r:.80}")
+    return checked
 
 
 def _sequence(state: dict[str, Any]) -> object:

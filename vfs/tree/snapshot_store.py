@@ -17,6 +17,8 @@ import contextlib
 import os
 from typing import Final
 
+from cutfs.codec.trust.shared_file import read_regular_file, replace_file
+
 #: Snapshots kept at once, in memory and in the shared directory.
 KEPT: Final = 256
 #: A shared snapshot larger than this is not read back (they are a few KiB).
@@ -43,10 +45,7 @@ class SnapshotStore:
         if self._directory is None:
             return
         self._trim_shared()
-        temporary = f"{self._path(inode)}.{os.getpid()}"
-        with open(temporary, "wb") as file:
-            file.write(snapshot)
-        os.replace(temporary, self._path(inode))
+        replace_file(self._path(inode), snapshot, f"{self._path(inode)}.{os.getpid()}")
 
     def get(self, inode: int) -> bytes | None:
         """The snapshot of ``inode``, or ``None`` if no process has it (any more)."""
@@ -54,11 +53,9 @@ class SnapshotStore:
         if snapshot is not None or self._directory is None:
             return snapshot
         try:
-            with open(self._path(inode), "rb") as file:
-                snapshot = file.read(_LARGEST_BYTES + 1)
-        except FileNotFoundError:
+            return read_regular_file(self._path(inode), _LARGEST_BYTES)
+        except (OSError, ValueError):  # none, or not what a serving process puts there
             return None
-        return snapshot if len(snapshot) <= _LARGEST_BYTES else None
 
     def drop(self, inode: int) -> None:
         self._local.pop(inode, None)
