@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from cutfs.codec.catalogue.mapped_table import release_mapped_pages, track_map
 from cutfs.codec.errors import SourceError
+from cutfs.codec.trust.limits import InputLimits
 
 
 @dataclass
@@ -33,6 +34,20 @@ class Refusals:
 
     strict: bool = True
     messages: list[str] = field(default_factory=list)
+    #: How large the source's text files and their lines may be (see :class:`InputLimits`).
+    limits: InputLimits = field(default_factory=InputLimits)
+    #: Lines read so far, of all the source's files.
+    lines_read: int = 0
+
+    def count_line(self, where: str) -> None:
+        """One more line read; a source past :attr:`InputLimits.entries` is refused whole."""
+        self.lines_read += 1
+        if self.lines_read > self.limits.entries:
+            raise SourceError(
+                f"more than {self.limits.entries} entries: refused (a larger source needs a "
+                "higher --max-entries)",
+                where=where,
+            )
 
     @contextmanager
     def entry(self) -> Iterator[None]:

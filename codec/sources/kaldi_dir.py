@@ -19,6 +19,7 @@ from cutfs.codec.sources.catalogue import (
     SourceCut,
     SourceRecording,
 )
+from cutfs.codec.sources.json_lines import bounded_lines
 from cutfs.codec.trust.limits import parse_seconds
 
 
@@ -109,25 +110,20 @@ def _table(
 ) -> list[tuple[str, str, str]]:
     """``(key, rest of the line, where)`` per non-empty line; a line without a value is refused."""
     rows = []
-    try:
-        with open(path, "rb") as lines:
-            for number, raw_line in enumerate(lines, start=1):
-                where = f"{path}:{number}"
-                try:
-                    line = raw_line.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    refusals.refuse(SourceError(f"not UTF-8 text: {exc}", where=where))
-                    continue
-                fields = line.strip().split(None, 1)
-                if not fields:
-                    continue
-                key, value = fields[0], fields[1] if len(fields) > 1 else ""
-                if not value and not allow_empty_value:
-                    refusals.refuse(SourceError(f"line for {key!r} has no value", where=where))
-                    continue
-                rows.append((key, value, where))
-    except OSError as exc:
-        raise SourceError(f"cannot read: {exc}", where=path) from exc
+    for raw_line, where in bounded_lines(path, refusals):
+        try:
+            line = raw_line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            refusals.refuse(SourceError(f"not UTF-8 text: {exc}", where=where))
+            continue
+        fields = line.strip().split(None, 1)
+        if not fields:
+            continue
+        key, value = fields[0], fields[1] if len(fields) > 1 else ""
+        if not value and not allow_empty_value:
+            refusals.refuse(SourceError(f"line for {key!r} has no value", where=where))
+            continue
+        rows.append((key, value, where))
     return rows
 
 

@@ -32,6 +32,7 @@ beyond the tolerance fail with :class:`cutfs.codec.errors.ManifestMismatchError`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -194,7 +195,7 @@ def prepare_index(source: str, cache_root: str, policy: SourcePolicy | None = No
         private_directory(os.path.join(directory, _PLANS))
         return directory
     _refuse_links_out(source, policy)
-    refusals = Refusals(strict=False)
+    refusals = Refusals(strict=False, limits=policy.input_limits)
     catalogue = read_source([source], refusals)
     _confine(catalogue, policy, refusals)
     try:
@@ -266,6 +267,7 @@ def _policy_stamp(policy: SourcePolicy) -> dict[str, Any]:
         "roots": list(policy.allowed_roots),
         "commands": policy.allow_commands,
         "objects": list(policy.allowed_objects),
+        "input_limits": dataclasses.astuple(policy.input_limits),
     }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from typing import Final
 
 from cutfs.codec.errors import CutfsError, SourceError
@@ -93,3 +94,23 @@ def _whole(
     if not low <= number <= high:
         raise error(f"the {what} {number} is outside [{low}, {high}]", where=where)
     return number
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """How much a source's text files (manifests, Kaldi tables, segment lists) may make
+    cutfs read: a line that is longer is one refused entry, a file that decompresses to
+    more or a source with more entries is refused whole.  Reading stays within
+    ``line_bytes`` of memory per line, whatever the input."""
+
+    #: The longest line (a Lhotse cut with its supervisions is a few KB).
+    line_bytes: int = 1 << 20
+    #: The most bytes one file decompresses to (a gzip bomb is refused, not read for hours).
+    file_bytes: int = 64 << 30
+    #: The most lines (entries) of all a source's files together.
+    entries: int = 200_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("line_bytes", "file_bytes", "entries"):
+            if not 1 <= getattr(self, name) <= 1 << 50:
+                raise ValueError(f"the {name.replace('_', ' ')} limit must be positive")

@@ -34,6 +34,7 @@ from typing import Final
 from cutfs.codec.errors import SourceError
 from cutfs.codec.storage.object_location import split_object_url
 from cutfs.codec.trust.command_runner import CommandLimits
+from cutfs.codec.trust.limits import InputLimits
 
 #: Default of ``--index-cache-size``.
 DEFAULT_CACHE_QUOTA_BYTES: Final = 8 << 30
@@ -56,6 +57,8 @@ class SourcePolicy:
     cache_quota_bytes: int = DEFAULT_CACHE_QUOTA_BYTES
     #: URL prefixes (``s3://bucket/prefix/``) under which objects may be fetched.
     allowed_objects: tuple[str, ...] = ()
+    #: How much the source's text files may make cutfs read.
+    input_limits: InputLimits = field(default_factory=InputLimits)
 
     @classmethod
     def for_source(
@@ -67,6 +70,7 @@ class SourcePolicy:
         command_limits: CommandLimits | None = None,
         cache_quota_bytes: int = DEFAULT_CACHE_QUOTA_BYTES,
         allowed_objects: tuple[str, ...] = (),
+        input_limits: InputLimits | None = None,
     ) -> SourcePolicy:
         """The default policy for serving ``source``: its own location and ``extra_roots``
         (and the objects beneath ``allowed_objects``)."""
@@ -80,6 +84,7 @@ class SourcePolicy:
             False,
             cache_quota_bytes,
             tuple(allowed_objects),
+            input_limits or InputLimits(),
         )
 
     @classmethod

@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             fold_o_options(args, args.options)
             options = mount_options(args)
-            _ = options.windows, options.output_format  # checked here, for a usage error
+            _ = options.windows, options.output_format, options.input_limits  # usage errors
         except ValueError as exc:
             parser.error(str(exc))
     _make_paths_absolute(args)

@@ -218,6 +218,7 @@ def serve(
             command_limits=options.command_limits,
             cache_quota_bytes=options.cache_quota_bytes,
             allowed_objects=options.allowed_objects,
+            input_limits=options.input_limits,
         )
     )
     cache_dir = cache_root_for(options.cache_dir, user)

@@ -25,6 +25,7 @@ from cutfs.codec.audio.output_format import OutputFormat
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
 from cutfs.codec.trust.clean_start import absolute
 from cutfs.codec.trust.command_runner import CommandLimits
+from cutfs.codec.trust.limits import InputLimits
 from cutfs.codec.trust.source_policy import DEFAULT_CACHE_QUOTA_BYTES
 from cutfs.vfs.frames.decode_pool import DEFAULT_DEADLINE_SECONDS
 from cutfs.vfs.fuse.operations import Ownership
@@ -306,6 +307,32 @@ class MountOptions:
         metavar="BYTES",
         show=format_size,
     )
+    max_line_bytes: int = option(
+        InputLimits().line_bytes,
+        "--max-line-size",
+        "the longest line of a source's manifests and tables served in place (a longer "
+        "line is one refused entry, never held in memory)",
+        parse=parse_size,
+        metavar="BYTES",
+        show=format_size,
+    )
+    max_file_bytes: int = option(
+        InputLimits().file_bytes,
+        "--max-manifest-size",
+        "the most one manifest or table of a source served in place may decompress to "
+        "(past it the source is refused)",
+        parse=parse_size,
+        metavar="BYTES",
+        show=format_size,
+    )
+    max_entries: int = option(
+        InputLimits().entries,
+        "--max-entries",
+        "the most lines of all the manifests and tables of a source served in place (past "
+        "it the source is refused)",
+        parse=int,
+        metavar="N",
+    )
     uid: int | None = option(
         None,
         "--uid",
@@ -394,6 +421,11 @@ class MountOptions:
         if self.window_seconds is None:
             return None
         return Windows(self.window_seconds, self.overlap_seconds)
+
+    @property
+    def input_limits(self) -> InputLimits:
+        """How much a source's text files may make the daemon read; ValueError if invalid."""
+        return InputLimits(self.max_line_bytes, self.max_file_bytes, self.max_entries)
 
     @property
     def command_limits(self) -> CommandLimits:
