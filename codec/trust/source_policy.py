@@ -136,13 +136,22 @@ class SourcePolicy:
     def open_file(self, path: str) -> int:
         """A read-only descriptor of ``path``, checked on the file actually opened.
 
-        Raises ``OSError`` (``EACCES`` outside the allowed roots, ``EINVAL``
-        for anything but a regular file); the open never blocks on a FIFO.
+        Raises ``OSError`` (``EACCES`` outside the allowed roots, or for a process with
+        root's rights, a file that another user owns or that its group or others can write;
+        ``EINVAL`` for anything but a regular file); the open never blocks on a FIFO.
         """
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         try:
-            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            status = os.fstat(descriptor)
+            if not stat.S_ISREG(status.st_mode):
                 raise OSError(errno.EINVAL, "not a regular file", path)
+            if not self.unrestricted and os.geteuid() == 0 and _others_control(status):
+                raise OSError(
+                    errno.EACCES,
+                    f"belongs to uid {status.st_uid} or is writable by its group or others: a "
+                    "mount reading as root decodes only root's files (give it --user)",
+                    path,
+                )
             if not self.unrestricted:
                 opened = os.readlink(f"/proc/self/fd/{descriptor}")
                 if not any(_beneath(opened, root) for root in self.allowed_roots):
@@ -207,3 +216,9 @@ def check_may_run_commands_here(where: str) -> None:
 
 def _beneath(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _others_control(status: os.stat_result) -> bool:
+    """Whether a user besides root may have written the file: it is theirs, or writable by
+    its group or others."""
+    return status.st_uid != 0 or bool(status.st_mode & (stat.S_IWGRP | stat.S_IWOTH))

@@ -179,6 +179,111 @@ def test_bad_numbers_refuse_their_entries_and_the_rest_is_served(
         assert shards["refused_entries"] == 3 + 3 + 4 + 1 + 1, shards
 
 
+def _peak_memory_bytes(pid: int) -> int:
+    """The most resident memory the process has had (``VmHWM``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_line_of_hundreds_of_megabytes_costs_a_megabyte_not_the_line(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    """A gzipped manifest of about a megabyte can hold one line of 400 MB: the daemon reads
+    at most --max-line-size of it (1 MiB), refuses that entry and serves the rest."""
+    source = public / "source"
+    source.mkdir()
+    audio = source / "a.flac"
+    shutil.copy(corpus[FLAC], audio)
+    frames = len(references[FLAC].samples)
+    recording = _recording("a", str(audio), 16000, frames)
+    (source / "recordings.jsonl").write_text(json.dumps(recording) + "\n")
+    with gzip.open(source / "supervisions.jsonl.gz", "wb", compresslevel=1) as supervisions:
+        good = {"id": "good", "recording_id": "a", "start": 1.0, "duration": 2.0, "channel": 0}
+        supervisions.write(json.dumps(good).encode() + b"\n")
+        supervisions.write(
+            b'{"id": "huge", "recording_id": "a", "start": 0, "duration": 1, "text": "'
+        )
+        for _ in range(400):
+            supervisions.write(b"a" * (1 << 20))
+        supervisions.write(b'"}\n')
+    assert (source / "supervisions.jsonl.gz").stat().st_size < 4 << 20
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other"):
+        (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
+        listing = as_other_user("ls", str(mountpoint / "cuts")).stdout.decode().split()
+        assert listing == ["good.wav", "metadata.jsonl"]
+        assert _stats(mountpoint)["shards"]["refused_entries"] == 1
+        assert _peak_memory_bytes(daemon) < 300 << 20  # the line alone is 400 MiB
+
+
+def test_a_source_past_its_entries_is_refused_with_one_line(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    source = public / "kaldi"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    lines = "".join(f"utt{n} a.flac\n" for n in range(3))
+    (source / "wav.scp").write_text(lines)
+    mountpoint = public / "mnt"
+    mountpoint.mkdir()
+    result = subprocess.run(
+        [*CUTFS, "mount", "--max-entries", "2", str(source), str(mountpoint)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert result.returncode == 3, result.stderr
+    assert "more than 2 entries" in result.stderr and "wav.scp:3" in result.stderr
+
+
+def test_rendered_manifests_carry_no_command_for_lhotse_to_run(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    """A cut's Lhotse ``custom`` field holds a Recording whose source is a shell command
+    (Lhotse deserialises it on load, and runs the command when its audio is loaded): the
+    mount's ``cuts.jsonl.gz`` keeps the plain values and drops that one, so loading the
+    manifest with Lhotse, as a training job does, runs nothing."""
+    lhotse = pytest.importorskip("lhotse")
+    source = public / "source"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    frames = len(references[FLAC].samples)
+    (source / "recordings.jsonl").write_text(
+        json.dumps(_recording("a", str(source / "a.flac"), 16000, frames)) + "\n"
+    )
+    marker = public / "ran"
+    hidden = {
+        "id": "hidden",
+        "sources": [{"type": "command", "channels": [0], "source": f"touch {marker}; false"}],
+        "sampling_rate": 16000,
+        "num_samples": 16000,
+        "duration": 1.0,
+        "channel_ids": [0],
+    }
+    cut = json.loads(_cut("c", "a", 1.0, 2.0))
+    cut["custom"] = {"speaker_age": 42, "tags": ["a", "b"], "extra_audio": hidden}
+    (source / "cuts.jsonl").write_text(json.dumps(cut) + "\n")
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other"):
+        rendered = [
+            json.loads(line)
+            for line in gzip.decompress((mountpoint / "cuts.jsonl.gz").read_bytes()).splitlines()
+        ]
+        assert rendered[0]["custom"] == {"speaker_age": 42, "tags": ["a", "b"]}
+        for loaded in lhotse.CutSet.from_file(mountpoint / "cuts.jsonl.gz"):
+            for name, value in (loaded.custom or {}).items():
+                if isinstance(value, lhotse.Recording):  # what a job would then load
+                    with contextlib.suppress(Exception):
+                        value.load_audio()
+                    pytest.fail(f"the manifest carries a Recording in custom[{name!r}]")
+    assert not marker.exists()
+
+
 def test_pack_stops_at_the_first_bad_number_with_one_line(
     tmp_path: Path, corpus: dict[str, str], references: dict[str, Reference]
 ) -> None:
@@ -688,6 +793,28 @@ def _holds_fuse(pid: int) -> bool:
     return False
 
 
+def test_a_root_source_with_a_users_folder_never_decodes_it_as_root(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """SOURCE belongs to root, so the mount reads as root; a folder inside it belongs to
+    a user, who controls the media there: root decodes none of it (its reads fail with
+    EIO and a log line naming the file), and root's own files are served."""
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "root.flac")
+    users = source / "alice"
+    users.mkdir()
+    shutil.copy(corpus[FLAC], users / "hers.flac")
+    give_to_other_user(users)
+    mountpoint = public / "mnt"
+    log = public / "log"
+    with mounted(str(source), str(mountpoint), "--allow-other", "--log-file", str(log)):
+        assert _read_as_other_user(mountpoint, "root.wav").returncode == 0
+        hers = as_other_user("cat", str(mountpoint / "cuts" / "alice" / "hers.wav"))
+        assert hers.returncode != 0 and b"Input/output error" in hers.stderr
+    assert "hers.flac" in log.read_text() and "decodes only root's files" in log.read_text()
+
+
 def test_processes_decoding_in_turn_keep_no_id_of_root(
     public: Path, corpus: dict[str, str]
 ) -> None:
@@ -1052,7 +1179,16 @@ def test_an_audio_file_rewritten_with_its_time_put_back_is_not_served(public: Pa
             assert exc.errno == errno.EIO
         else:
             assert rest == samples[16000 * 15 : 16000 * 17].tobytes(), "other audio served"
-    assert "changed since" in log.read_text()
+        _wait_for_line(log, "changed since")
+
+
+def _wait_for_line(log: Path, text: str) -> None:
+    """Until the mount's log holds ``text`` (a serving process's line reaches the daemon's
+    log through the log channel, a moment after the read it concerns failed)."""
+    deadline = time.monotonic() + 120  # only a guard against a line that never comes
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, f"no {text!r} in the log"
+        time.sleep(0.05)
 
 
 def _board_of(mountpoint: Path) -> Path:

@@ -183,8 +183,9 @@ class ManifestFiles:
             },
             "type": "MonoCut" if channels == 1 else "MultiCut",
         }
-        if isinstance(metadata.get("custom"), dict):
-            cut["custom"] = metadata["custom"]
+        custom = plain_custom(metadata.get("custom"))
+        if custom:
+            cut["custom"] = custom
         return cut
 
     def _audiofolder(self) -> Iterator[str]:
@@ -280,7 +281,10 @@ def _supervisions(cut_id: str, metadata: dict[str, Any], duration: float) -> lis
             "duration": length,
             "channel": 0,
         }
-        supervision.update({k: item[k] for k in (*_SUPERVISION_FIELDS, "custom") if k in item})
+        supervision.update({k: item[k] for k in _SUPERVISION_FIELDS if k in item})
+        custom = plain_custom(item.get("custom"))
+        if custom:
+            supervision["custom"] = custom
         supervisions.append(supervision)
     return supervisions
 
@@ -298,3 +302,22 @@ def _seconds(value: Any) -> float | None:
 
 def _lines(lines: Any) -> bytes:
     return "".join(f"{line}\n" for line in lines).encode("utf-8", "surrogateescape")
+
+
+def plain_custom(custom: object) -> dict[str, Any]:
+    """The values of a Lhotse ``custom`` field that are plain data: text, numbers, booleans,
+    null, and lists of those.
+
+    Lhotse deserialises a ``custom`` value that is a mapping (a Recording, whose sources
+    may be shell commands run on load; an Array; an Image) when it loads a manifest, so a
+    rendered manifest carries none: it is data for whoever loads it, never code.  The
+    mount's own files are in ``recording``; what is dropped stays in the source."""
+    if not isinstance(custom, dict):
+        return {}
+    return {str(key): value for key, value in custom.items() if _is_plain(value)}
+
+
+def _is_plain(value: object) -> bool:
+    if isinstance(value, list):
+        return all(_is_plain(item) and not isinstance(item, list) for item in value)
+    return value is None or isinstance(value, str | int | float | bool)
