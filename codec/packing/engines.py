@@ -16,6 +16,7 @@ with their error lines; those already done stay done, and a rerun (or
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import sys
@@ -37,7 +38,7 @@ from cutfs.codec.packing.partition_packer import (
 from cutfs.codec.packing.plan import PackPlan
 from cutfs.codec.packing.progress import PackProgress, ProgressCallback
 from cutfs.codec.packing.status import failure, read_status
-from cutfs.codec.storage.object_location import is_remote
+from cutfs.codec.trust.private_directory import private_directory
 
 #: Seconds between two looks at a cluster's jobs.
 POLL_SECONDS: Final = 1.0
@@ -165,6 +166,8 @@ class SlurmEngine:
             import submitit  # noqa: PLC0415 - only needed for this engine
         except ImportError as exc:
             raise SourceError("--engine slurm needs submitit: pip install submitit") from exc
+        # submitit unpickles the results it finds there: only this user may write it.
+        private_directory(self.folder, "submitit's folder", "choose one with --slurm-folder")
         # Its tasks run an isolated interpreter (see clean_start): a job starts in the
         # directory it was submitted from, which must not be on the import path.
         python = f"{shlex.quote(sys.executable)} -I"
@@ -291,8 +294,10 @@ def _raise_for(output: PackOutput, plan: PackPlan, failed: list[int]) -> None:
 
 
 def default_slurm_folder(output_uri: str) -> str:
-    """Where submitit keeps its files when none is given: beside a local output, or in the
-    working directory for object storage."""
-    if is_remote(output_uri):
-        return os.path.abspath("cutfs-pack-slurm")
-    return os.path.join(os.path.abspath(output_uri), "_parts", "slurm")
+    """Where submitit keeps its files when none is given: a private folder of the user who
+    packs, ``~/.cache/cutfs/slurm/<digest of the output>``, never the output itself (a
+    shared project directory: submitit unpickles what it finds in its folder, so another
+    member of the group could have code run as whoever packs).  The nodes must see it, as
+    home directories are on clusters; otherwise give ``--slurm-folder``."""
+    digest = hashlib.sha256(output_uri.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return os.path.join(os.path.expanduser("~"), ".cache", "cutfs", "slurm", digest)

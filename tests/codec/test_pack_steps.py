@@ -231,3 +231,45 @@ def test_the_ray_engine_on_a_local_instance_gives_the_one_process_pack(
     )  # fmt: skip
     assert "packed" in result.stdout
     _assert_same_directory(output, shard_dir)
+
+
+@pytest.mark.slow
+def test_submitits_pickles_never_lie_in_a_shared_output(
+    lhotse_manifests: list[str], tmp_path: Path
+) -> None:
+    """A group packs into a shared project directory: submitit's pickles (which it
+    unpickles) go to a private folder of the user who packs, never into the output, and a
+    --slurm-folder that others can write is refused."""
+    pytest.importorskip("submitit")
+    shared = tmp_path / "project"
+    shared.mkdir()
+    shared.chmod(0o2777)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    arguments = [*CUTFS, "pack", *lhotse_manifests, "-o", str(shared / "out")]
+    arguments += ["--shard-size", SHARD_SIZE, "--engine", "slurm", "--slurm-executor", "local"]
+    environment = {**os.environ, "HOME": str(home)}
+    open_folder = shared / "slurm"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    refused = subprocess.run(
+        [*arguments, "--slurm-folder", str(open_folder)],
+        env=environment, capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert refused.returncode == 1
+    assert "writable by its group or others" in refused.stderr
+    assert not (shared / "out").exists()
+    packing = subprocess.Popen(
+        arguments, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    in_output, in_home = set(), set()
+    while packing.poll() is None:
+        in_output.update(str(p) for p in shared.rglob("*.pkl"))
+        in_home.update(str(p) for p in (home / ".cache").rglob("*.pkl"))
+        time.sleep(0.05)
+    _, errors = packing.communicate()
+    assert packing.returncode == 0, errors
+    assert in_output == set()
+    assert in_home, "submitit's pickles were never seen in the private folder"
+    folders = home / ".cache" / "cutfs" / "slurm"
+    assert list(folders.iterdir()) == []  # removed once the pack was committed

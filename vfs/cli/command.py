@@ -258,8 +258,9 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     engines.add_argument(
         "--slurm-folder",
         metavar="DIR",
-        help="slurm: where submitit keeps job scripts and logs, seen by every node (default: "
-        "OUT/_parts/slurm, or ./cutfs-pack-slurm in object storage)",
+        help="slurm: where submitit keeps job scripts, pickles and logs, seen by every node; "
+        "only you may write it (default: a folder of yours below ~/.cache/cutfs/slurm, "
+        "removed once the pack is committed)",
     )
     engines.add_argument(
         "--slurm-executor",
@@ -392,6 +393,8 @@ def _pack(args: argparse.Namespace) -> int:
         return 130
     if progress:
         progress.finish()
+    if args.engine == "slurm" and args.slurm_folder is None:  # its default, ours to remove
+        shutil.rmtree(default_slurm_folder(args.output), ignore_errors=True)
     _print_report(report, time.monotonic() - started)
     return ExitCode.OK
 
