@@ -155,6 +155,11 @@ class SlurmEngine:
     jobs_per_task: int = 1
     extra: tuple[tuple[str, Any], ...] = ()
 
+    def check_folder(self) -> None:
+        """Refuse a folder another user could write (:class:`SourceError`): submitit
+        unpickles the results it finds there, as the user who packs."""
+        private_directory(self.folder, "submitit's folder", "choose one with --slurm-folder")
+
     def run(
         self,
         output: PackOutput,
@@ -166,8 +171,7 @@ class SlurmEngine:
             import submitit  # noqa: PLC0415 - only needed for this engine
         except ImportError as exc:
             raise SourceError("--engine slurm needs submitit: pip install submitit") from exc
-        # submitit unpickles the results it finds there: only this user may write it.
-        private_directory(self.folder, "submitit's folder", "choose one with --slurm-folder")
+        self.check_folder()
         # Its tasks run an isolated interpreter (see clean_start): a job starts in the
         # directory it was submitted from, which must not be on the import path.
         python = f"{shlex.quote(sys.executable)} -I"

@@ -400,8 +400,10 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> PackEngine:
+    """The engine ``args`` ask for; raises :class:`CutfsError` for one that cannot run
+    (before anything is written)."""
     if args.engine == "slurm":
-        return SlurmEngine(
+        engine = SlurmEngine(
             folder=args.slurm_folder or default_slurm_folder(args.output),
             cluster=args.slurm_executor,
             slurm_partition=args.slurm_partition,
@@ -412,6 +414,8 @@ def _engine(args: argparse.Namespace) -> PackEngine:
             retries=max(args.retries, 0),
             jobs_per_task=max(args.cpus_per_task, 1),
         )
+        engine.check_folder()
+        return engine
     if args.engine == "ray":
         return RayEngine(
             address=args.ray_address,
