@@ -284,9 +284,11 @@ def serve(
                 f"cannot mount at {mountpoint}: {exc}", ExitCode.BAD_MOUNTPOINT
             ) from exc
 
-        async def tune_kernel() -> None:
+        async def tune_kernel(init_answered: trio.Event) -> None:
             # Only once the kernel's INIT exchange is over: its reply resets read-ahead.
-            await trio.to_thread.run_sync(os.statvfs, mountpoint)
+            # (Not by a statvfs of the mount, which waited for an answer from the serving
+            # processes: a daemon whose mount was detached before they served hung in it.)
+            await init_answered.wait()
             if _read_ahead_kb(options, user) is None and options.max_background is None:
                 return
             with as_root(user):
@@ -334,7 +336,7 @@ def serve(
 async def _run(
     on_ready: Callable[[], None],
     pool: DecodePool,
-    tune_kernel: Callable[[], Awaitable[None]],
+    tune_kernel: Callable[[trio.Event], Awaitable[None]],
     report_indexing: Callable[[], Awaitable[None]],
     servers: ServingProcesses | None,
     serving: ServingStack,
@@ -348,7 +350,8 @@ async def _run(
                 nursery.start_soon(servers.watch)  # in turn, _serve supervises them
             nursery.start_soon(_publish_statistics, serving)
         nursery.start_soon(pool.watch)
-        nursery.start_soon(tune_kernel)
+        init_answered = trio.Event()
+        nursery.start_soon(tune_kernel, init_answered)
         nursery.start_soon(report_indexing)
         nursery.start_soon(release_catalogue_pages)
 
@@ -357,7 +360,7 @@ async def _run(
             _notify_systemd("READY=1")
 
         with serving_scope:
-            await _serve(servers, serving, user, ready)
+            await _serve(servers, serving, user, ready, init_answered)
         pool.retire()  # what is still running is cancelled now, here and in system tasks
         nursery.cancel_scope.cancel()
 
@@ -372,10 +375,12 @@ async def _serve(
     serving: ServingStack,
     user: ServingUser | None,
     ready: Callable[[], None],
+    init_answered: trio.Event,
 ) -> None:
     """Serve through the mount's descriptor with a :class:`DeviceChannel`, and through
     clones of it in the serving processes, if any; ``ready`` is called once requests are
-    answered (when the processes decode in turn, once they serve).
+    answered (when the processes decode in turn, once they serve), ``init_answered`` is
+    set once the kernel has the daemon's answer to its INIT.
 
     pyfuse3 mounted and will unmount, but its loop never runs (see
     :mod:`cutfs.vfs.fuse.device_channel` for why): the daemon answers the kernel's INIT
@@ -386,6 +391,7 @@ async def _serve(
     if servers is None or not servers.in_turn:
         ready()  # requests wait for the INIT answer, which comes next
     await channel.answer_init()
+    init_answered.set()  # the kernel handled the reply as the daemon wrote it
     if servers is not None:
         with as_root(user):
             servers.start(mount_fd)
