@@ -7,7 +7,9 @@ starts its processes.
 - :mod:`.limits`: range checks for every number read from data cutfs did not write.
 - :mod:`.source_policy`: where a source served in place may make cutfs read (its roots),
   and whether its commands may run; :mod:`.command_runner` runs one within limits.
-- :mod:`.private_directory`: cache directories only their user can write.
+- :mod:`.private_directory`: directories only their user can write (caches, submitit's
+  folder); :mod:`.shared_file`: files in directories others can write, read without
+  trusting them.
 
 This package's ``__init__`` imports nothing: the ``cutfs`` entry point imports
 :mod:`.clean_start` before anything else.

@@ -1,7 +1,8 @@
 """The daemon: one mount assembled, run, supervised and taken down.
 
 - :mod:`.mount`: the daemon assembled for one mount (source, serving processes, the
-  kernel's mount), run until unmounted or signalled, with its exit statuses.
+  kernel's mount), run until unmounted or signalled, with its exit statuses;
+  :mod:`.mount_options`: every option of a mount, declared once.
 - :mod:`.serving_process`: the extra processes that serve one mount, started, watched and
   replaced; :mod:`.serving_stack`: what one serving process holds (library, decoders,
   cache, filesystem); :mod:`.request_slot`: the request a process decoding in turn is
