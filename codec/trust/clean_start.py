@@ -85,7 +85,10 @@ _SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/
 
 def is_clean() -> bool:
     """Whether this process already is a clean start: isolated, and running from ``/``."""
-    return bool(sys.flags.isolated) and os.getcwd() == "/"
+    try:
+        return bool(sys.flags.isolated) and os.getcwd() == "/"
+    except OSError:  # the working directory was removed
+        return False
 
 
 def caller_directory() -> str:
@@ -158,7 +161,10 @@ def restart_clean(module: str, arguments: Sequence[str]) -> None:
     that a clean start must not import from elsewhere."""
     if is_clean():
         return
-    caller = os.getcwd()
+    try:
+        caller = os.getcwd()
+    except OSError as exc:
+        sys.exit(f"cutfs: the current directory is gone ({exc.strerror}): cd to another one")
     environment = clean_environment(caller=caller)
     os.chdir("/")
     sys.stdout.flush()
