@@ -848,6 +848,36 @@ def test_processes_decoding_in_turn_keep_no_id_of_root(
 # -- bounded by configuration -------------------------------------------------------------------
 
 
+def test_serving_processes_stopped_by_the_sources_owner_are_replaced(
+    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+) -> None:
+    """The serving processes run as the source's owner, who can stop them (SIGSTOP) while
+    they hold no request: requests would wait in the kernel for a reader that never comes.
+    Another user's read is served anyway: stopped processes are seen (they stop beating)
+    and replaced."""
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    give_to_other_user(source)
+    mountpoint = public / "mnt"
+    options = ("--allow-other", "--serving-processes", "2", "--read-timeout", "5")
+    with mounted(str(source), str(mountpoint), *options):
+        (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
+        children = Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split()
+        serving = [pid for pid in map(int, children) if _holds_fuse(pid)]
+        assert len(serving) == 2
+        stopped = as_other_user("kill", "-STOP", *map(str, serving))
+        assert stopped.returncode == 0, stopped.stderr  # the owner may signal them
+        read = as_other_user("cat", str(mountpoint / "cuts" / "a.wav"))  # hangs if unseen
+        assert read.returncode == 0, read.stderr
+        expected = wav_header(16000, 1, len(references[FLAC].samples))
+        assert read.stdout[:44] == expected
+        assert len(read.stdout) == 44 + 2 * len(references[FLAC].samples)
+        for pid in serving:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
 def test_read_timeout_covers_waiting_for_a_busy_worker(
     public: Path, corpus: dict[str, str]
 ) -> None:

@@ -10,7 +10,8 @@ its request answered ``EIO`` by the daemon; so is the request of a process that
 died (a decoder crash), instead of the ``ECONNABORTED`` the kernel would give.
 
 The slot holds the request's unique number, its inode, a deadline on the
-system's monotonic clock (the same in every process), and the process group of
+system's monotonic clock (the same in every process), the time the process last ran its
+loop (so that one stopped or hung between requests is replaced too), and the process group of
 a source's command the request started, if any: the daemon kills that group
 with a process it kills (the command would outlive it), with the serving
 user's ids only, since the number comes from a process that parses others'
@@ -28,13 +29,16 @@ import struct
 import time
 from typing import Final
 
-#: unique, inode, deadline (monotonic seconds), a command's process group (0: none)
-_LAYOUT: Final = struct.Struct("<QQdq")
+#: unique, inode, deadline (monotonic seconds), a command's process group (0: none), the
+#: process's last beat (monotonic seconds; 0: none yet)
+_LAYOUT: Final = struct.Struct("<QQdqd")
 _REQUEST: Final = struct.Struct("<QQd")
 _UNIQUE: Final = struct.Struct("<Q")
 _GROUP: Final = struct.Struct("<q")
 _DEADLINE_OFFSET: Final = 16
 _GROUP_OFFSET: Final = 24
+_BEAT: Final = struct.Struct("<d")
+_BEAT_OFFSET: Final = 32
 
 
 class RequestSlot:
@@ -92,6 +96,19 @@ class RequestSlot:
         """The request is answered (and any command it started is over)."""
         _UNIQUE.pack_into(self._memory, 0, 0)
         _GROUP.pack_into(self._memory, _GROUP_OFFSET, 0)
+
+    def beat(self) -> None:
+        """The process runs: its loop writes this between requests, at least every second
+        or so, so that a process stopped (SIGSTOP) or hung while it holds no request is
+        seen by the daemon too."""
+        _BEAT.pack_into(self._memory, _BEAT_OFFSET, time.monotonic())
+
+    def silent_seconds(self) -> float:
+        """How long since the process's last beat (0 before its first: still starting)."""
+        (last,) = _BEAT.unpack_from(self._memory, _BEAT_OFFSET)
+        if not math.isfinite(last) or last <= 0:
+            return 0.0
+        return max(time.monotonic() - float(last), 0.0)
 
     def command_group(self) -> int:
         """The process group of the command the current request started; 0 if none."""

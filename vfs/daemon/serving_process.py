@@ -77,6 +77,8 @@ _READY: Final = b"ready"
 _MOST_READY_BYTES: Final = 16
 #: How many times in a row a process decoding in turn may die before it serves.
 _TRIES_BEFORE_SERVING: Final = 3
+#: The longest a serving process may go without running (while it holds no request).
+_MOST_SILENT_SECONDS: Final = 10.0
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,8 @@ class _Server:
         self._slot: RequestSlot | None = None
         #: A request seen past its deadline at the last check (acted on at the second).
         self._overdue: int | None = None
+        #: Whether the process was seen silent at the last check (acted on at the second).
+        self._silent = False
         #: How many times in a row the process died before it said it serves.
         self.deaths_before_serving = 0
         #: Processes killed and not reaped yet.
@@ -181,6 +185,17 @@ class _Server:
         self._connection = parent_end
         self._ready = False
         self._overdue = None
+        self._silent = False
+
+    def silent(self, seconds: float) -> float | None:
+        """How long this process has not run, if it holds no request and has not beaten
+        for more than ``seconds``, seen so at this check and the one before; None else."""
+        if self._slot is None or self._slot.current() is not None:
+            self._silent = False
+            return None
+        silent_seconds = self._slot.silent_seconds()
+        seen_before, self._silent = self._silent, silent_seconds > seconds
+        return silent_seconds if seen_before and self._silent else None
 
     def overdue(self) -> tuple[int, int] | None:
         """The request (unique number, inode) this process has answered past its deadline,
@@ -366,10 +381,11 @@ class ServingProcesses:
                 server.start(self._mount_fd, self._log_channel.writer)
 
     def _killed_overdue(self, server: _Server, process: BaseProcess) -> bool:
-        """Kill ``process`` if it is past its request's deadline; whether it was."""
+        """Kill ``process`` if it is past its request's deadline, or has not run for as
+        long while it holds none (stopped by its user, hung); whether it was."""
         overdue = server.overdue()
         if overdue is None:
-            return False
+            return self._killed_silent(server, process)
         log.error(
             "serving process %d (pid %s) answered a request about inode %d for longer than "
             "its deadline (storage not answering?): killing it; the request fails with EIO",
@@ -385,10 +401,33 @@ class ServingProcesses:
             self._statistics.error("worker_died")
         return True
 
+    def _killed_silent(self, server: _Server, process: BaseProcess) -> bool:
+        """Kill ``process`` if it has not run for :func:`_silence_limit` while it holds no
+        request: requests wait in the kernel for a process to read them, so one stopped
+        (by the source's owner, whom it runs as) must be replaced, not waited for."""
+        silent = server.silent(_silence_limit(self._setup.options.read_timeout_seconds))
+        if silent is None:
+            return False
+        log.error(
+            "serving process %d (pid %s) has not run for %.1f s (stopped or hung): killing "
+            "it; another takes its place",
+            server.index,
+            process.pid,
+            silent,
+        )
+        process.kill()
+        return True
+
     def close(self) -> None:
         for server in self._servers:
             server.stop()
         self._log_channel.stop()
+
+
+def _silence_limit(read_timeout_seconds: float) -> float:
+    """How long a serving process may go without running before it is replaced: the read
+    timeout, at most 10 s (its loop beats about every second when idle)."""
+    return min(read_timeout_seconds, _MOST_SILENT_SECONDS)
 
 
 def _serving_main(

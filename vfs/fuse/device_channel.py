@@ -357,6 +357,7 @@ class DeviceChannel:
         self._push_wait_seconds = _PUSH_WAIT_SECONDS
         with self._pushing(), contextlib.closing(waiting):
             while True:
+                slot.beat()
                 try:
                     request = self._request_now()
                 except EOFError:
