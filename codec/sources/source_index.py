@@ -89,7 +89,7 @@ from cutfs.codec.trust.source_policy import SourcePolicy, check_may_run_commands
 INDEX_FILE: Final = "source-index.json"
 INDEX_FORMAT: Final = "cutfs-source-index"
 #: Bumped when plans or tables change meaning: older index directories are rebuilt.
-INDEX_VERSION: Final = 5
+INDEX_VERSION: Final = 6
 _RECORDINGS: Final = "recordings.arrow"
 _CUTS: Final = "cuts.arrow"
 _PLANS: Final = "plans"
@@ -119,6 +119,9 @@ _CATALOGUE_RECORDINGS: Final = pa.schema(
         ("described_in", pa.string()),
         ("parquet_column", pa.string()),
         ("url", pa.string()),
+        # The stamp of the recording's file when the source was catalogued ("": none, for
+        # commands and objects): a process that makes or loads its plan later checks it.
+        ("stamp", pa.string()),
     ]
 )
 _CATALOGUE_CUTS: Final = pa.schema(
@@ -368,6 +371,7 @@ class SourceIndex:
         self._described_in: list[str] = recordings.column("described_in").to_pylist()
         self._parquet_columns: list[str | None] = recordings.column("parquet_column").to_pylist()
         self._urls: list[str | None] = recordings.column("url").to_pylist()
+        self._catalogued_stamps: list[str] = recordings.column("stamp").to_pylist()
         cuts = read_mapped(os.path.join(directory, _CUTS), _CATALOGUE_CUTS) if load_cuts else None
         cuts = cuts if cuts is not None else _CATALOGUE_CUTS.empty_table()
         mentions = info.get("mentions")
@@ -576,9 +580,23 @@ class SourceIndex:
         computed it), else computed now and put in the cache."""
         plan = self._plans.get(recording_index)
         if plan is None:
+            self._check_catalogued(recording_index)
             plan = self._load_or_compute(recording_index, trace)
             self.adopt(recording_index, plan)
         return plan
+
+    def _check_catalogued(self, recording_index: int) -> None:
+        """Refuse a recording whose file is not the one the source's catalogue was made
+        from: every process of a mount makes or loads its own plans, and one that came to a
+        recording after its file was rewritten must not serve the new audio."""
+        expected = self._catalogued_stamps[recording_index]
+        path = self._paths[recording_index]
+        if expected and path is not None and file_version(path) != expected:
+            raise SourceError(
+                "changed since the source was catalogued (rewritten or replaced?): mount it "
+                "again to serve the new audio",
+                where=self._where(recording_index),
+            )
 
     def adopt(self, recording_index: int, recording: Recording) -> None:
         """Keep a plan; check it against what the manifest declares.
@@ -915,6 +933,14 @@ def _stamp_file(digest: Any, path: str) -> None:
     digest.update(f"{path}\0{status.st_size}\0{times}\n".encode(errors="replace"))
 
 
+def _catalogued_stamp(path: str | None, url: str | None, command: str | None) -> str:
+    """The stamp of a recording's file now, as the catalogue keeps it ("" when the audio
+    is no file of its own: an object, whose reads are pinned, or a command's output)."""
+    if path is None or url is not None or command is not None:
+        return ""
+    return file_version(path)
+
+
 def _recordings_table(catalogue: SourceCatalogue) -> pa.Table:
     rows = []
     for recording in catalogue.recordings:
@@ -932,6 +958,7 @@ def _recordings_table(catalogue: SourceCatalogue) -> pa.Table:
                 "described_in": recording.described_in,
                 "parquet_column": recording.parquet_column,
                 "url": recording.url,
+                "stamp": _catalogued_stamp(recording.path, recording.url, recording.command),
             }
         )
     return pa.Table.from_pylist(rows, schema=_CATALOGUE_RECORDINGS)

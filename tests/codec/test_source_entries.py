@@ -26,6 +26,8 @@ from support.shards import write_arrow_file
 from cutfs.codec.errors import SourceError
 from cutfs.codec.sources import Refusals, read_source
 from cutfs.codec.sources.catalogue import SourceCatalogue
+from cutfs.codec.sources.source_index import SourceIndex, prepare_index
+from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.tree.manifest_files import _supervisions
 
 FLAC = "flac_mono_16k.flac"
@@ -289,3 +291,32 @@ def test_files_with_names_that_are_not_utf8_are_refused_one_by_one(
     catalogue, refused = _lenient(folder)
     assert _cut_ids(catalogue) == ["good"]
     assert any("not UTF-8 text" in message for message in refused), refused
+
+
+def test_a_process_that_comes_to_a_rewritten_file_later_does_not_serve_it(
+    tmp_path: Path,
+) -> None:
+    """Each process of a mount makes or loads its own plans. One process indexes a WAV;
+    its owner rewrites the samples in place and puts the times back; a second process (a
+    second SourceIndex on the same catalogue) that comes to the recording only now must
+    refuse it, not stamp the file as it is now and serve the new audio."""
+    source = tmp_path / "audio"
+    source.mkdir()
+    samples = (np.sin(np.arange(16000 * 4) * 0.05) * 10000).astype("<i2")
+    with wave.open(str(source / "a.wav"), "wb") as audio:
+        audio.setnchannels(1)
+        audio.setsampwidth(2)
+        audio.setframerate(16000)
+        audio.writeframes(samples.tobytes())
+    policy = SourcePolicy.for_source(str(source))
+    directory = prepare_index(str(source), str(tmp_path / "cache"), policy)
+    with SourceIndex(directory, policy=policy) as first:
+        assert first.read_frames(0, 0, 16000)[:, 0].tobytes() == samples[:16000].tobytes()
+    before = os.stat(source / "a.wav")
+    with open(source / "a.wav", "r+b") as audio:
+        audio.seek(44)
+        audio.write((-samples).tobytes())
+    os.utime(source / "a.wav", ns=(before.st_atime_ns, before.st_mtime_ns))
+    with SourceIndex(directory, policy=policy) as second, pytest.raises(SourceError):
+        frames = second.read_frames(0, 16000, 32000)
+        assert frames[:, 0].tobytes() == samples[16000:32000].tobytes(), "other audio served"
