@@ -116,6 +116,8 @@ def _finished(output: PackOutput, plan: PackPlan) -> list[PartitionResult]:
             where=output.uri,
         )
     done = [result for result in results if result is not None]
+    for result in done:
+        _check_writer(output, result)
     for partition, result in enumerate(done):
         if result.recordings != plan.partition_recordings[partition]:
             raise SourceError(
@@ -124,6 +126,20 @@ def _finished(output: PackOutput, plan: PackPlan) -> list[PartitionResult]:
                 where=output.where(part_name(partition, "done.json")),
             )
     return done
+
+
+def _check_writer(output: PackOutput, result: PartitionResult) -> None:
+    """Every file of a partition was written by this user (or root): a member of a group
+    that may write a shared output could otherwise put a partition of their own, or alter
+    one, and have it served under the plan's cut ids.  (Its ``done`` marker names the
+    plan's digest, which binds it to the plan; this binds it to its writer.)"""
+    why = (
+        "a commit merges only partitions written by the user who commits; rerun the "
+        "partition as that user, in an output others cannot write"
+    )
+    for kind in ("done.json", "recordings.arrow", "cuts.arrow"):
+        output.check_trusted(part_name(result.partition, kind), why)
+    output.check_trusted(str(result.shard["file"]), why)
 
 
 def _check_shards(output: PackOutput, results: list[PartitionResult]) -> None:

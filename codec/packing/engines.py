@@ -243,12 +243,21 @@ class RayEngine:
             raise SourceError("--engine ray needs Ray: pip install 'ray[default]'") from exc
         started_here = not ray.is_initialized()
         if started_here:
+            # A local instance keeps its session (sockets, logs, spilled objects) in a
+            # private directory, not in Ray's default /tmp/ray, which every user shares.
+            # Ray makes its own directory writable by all: it goes inside the private one.
+            local: dict[str, Any] = (
+                {"_temp_dir": os.path.join(private_ray_directory(), "ray")}
+                if self.address is None
+                else {}
+            )
             ray.init(
                 address=self.address,
                 num_cpus=self.local_cpus if self.address is None else None,
                 include_dashboard=False,
                 log_to_driver=False,
                 configure_logging=False,
+                **local,
             )
         try:
             task = ray.remote(
@@ -295,6 +304,26 @@ def _raise_for(output: PackOutput, plan: PackPlan, failed: list[int]) -> None:
         "'cutfs pack status OUT' lists them, and rerunning packs only those",
         where=output.uri,
     )
+
+
+def private_ray_directory() -> str:
+    """The private directory that holds the session directory (``ray/``) of a local Ray
+    instance started by ``cutfs pack``: the user's runtime directory
+    (``$XDG_RUNTIME_DIR/cutfs-ray``) or ``/tmp/cutfs-ray-<uid>``, mode 0700 and this
+    user's (else :class:`SourceError`).  Short, since Ray puts Unix sockets in it (their
+    paths are limited to 107 bytes)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    path = (
+        os.path.join(runtime, "cutfs-ray")
+        if runtime and os.path.isabs(runtime)
+        else f"/tmp/cutfs-ray-{os.geteuid()}"
+    )
+    private_directory(
+        path,
+        "the session directory of the local Ray instance",
+        "remove it, or give --ray-address of a cluster",
+    )
+    return path
 
 
 def default_slurm_folder(output_uri: str) -> str:

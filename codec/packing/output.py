@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Final, Protocol, TypeVar
@@ -74,10 +75,11 @@ class PackOutput(Protocol):
         fetches only that batch's bytes (a map locally, ranged GETs in object storage)."""
         ...
 
-    def check_trusted(self, name: str) -> None:
+    def check_trusted(self, name: str, why: str) -> None:
         """Refuse file ``name`` when someone other than this user could have written it
-        (a local file owned by another user, or writable by its group or others); object
-        storage is governed by the bucket's own access rules."""
+        (a local file owned by another user, or writable by its group or others), saying
+        ``why`` that matters; object storage is governed by the bucket's own access
+        rules."""
         ...
 
     def scratch(self) -> contextlib.AbstractContextManager[str]:
@@ -143,16 +145,20 @@ class LocalPackOutput:
         os.replace(path, target)  # the scratch directory is on the same file system
         return ""
 
-    def check_trusted(self, name: str) -> None:
+    def check_trusted(self, name: str, why: str) -> None:
         try:
-            status = os.stat(self.path(name))
+            status = os.lstat(self.path(name))
         except OSError as exc:
             raise SourceError(f"cannot read: {exc.strerror}", where=self.where(name)) from exc
-        if status.st_uid not in (os.geteuid(), 0) or status.st_mode & 0o022:
+        if (
+            status.st_uid not in (os.geteuid(), 0)
+            or status.st_mode & 0o022
+            or not stat.S_ISREG(status.st_mode)
+        ):
             raise SourceError(
                 "could have been written by another user (owned by uid "
-                f"{status.st_uid}, mode {status.st_mode & 0o777:o}): a plan names the files "
-                "a run reads and the commands it runs, so only its owner's plans are run",
+                f"{status.st_uid}, mode {status.st_mode & 0o777:o}, "
+                f"{'a file' if stat.S_ISREG(status.st_mode) else 'not a regular file'}): {why}",
                 where=self.where(name),
             )
 
@@ -237,7 +243,7 @@ class ObjectPackOutput:
         if names:
             self._checked(names[0], lambda: self.store.delete_many(names))
 
-    def check_trusted(self, name: str) -> None:
+    def check_trusted(self, name: str, why: str) -> None:
         pass
 
     def open_table(self, name: str) -> pa.ipc.RecordBatchFileReader:

@@ -188,7 +188,11 @@ def partition_inputs(
             f"{plan.partitions - 1})",
             where=output.uri,
         )
-    output.check_trusted(PLAN_RECORDINGS)  # it names the files to read, the commands to run
+    output.check_trusted(
+        PLAN_RECORDINGS,
+        "a plan names the files a run reads and the commands it runs, so only its owner's "
+        "plans are run",
+    )
     recordings = _batch(output, PLAN_RECORDINGS, PLAN_RECORDINGS_SCHEMA, plan, partition)
     cuts = _batch(output, PLAN_CUTS, CUT_COLUMNS_SCHEMA, plan, partition)
     if recordings.num_rows != plan.partition_recordings[partition]:

@@ -52,6 +52,7 @@ _KEPT_NAMES = frozenset(
         "STATE_DIRECTORY",
         "LOGS_DIRECTORY",
         "XDG_CACHE_HOME",
+        "XDG_RUNTIME_DIR",
         # read by cutfs itself (Lhotse's variable, as Lhotse reads it)
         "LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE",
         # object storage: emulators, certificates and proxies

@@ -13,9 +13,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from support.corpus import make_speech
 from support.mounts import CUTFS
+from support.users import needs_root, other_gid, other_uid
+
+from cutfs.codec.packing.engines import private_ray_directory
 
 SHARD_SIZE = "8M"  # as the shard_dir fixture packs
 
@@ -223,14 +228,56 @@ def test_the_slurm_engine_through_submitit_gives_the_one_process_pack(
 def test_the_ray_engine_on_a_local_instance_gives_the_one_process_pack(
     lhotse_manifests: list[str], shard_dir: str, tmp_path: Path
 ) -> None:
+    """Its session files (sockets, logs, spilled objects) go to a private directory of the
+    user who packs, not to Ray's default ``/tmp/ray``, which every user of the node shares."""
     pytest.importorskip("ray")
     output = str(tmp_path / "out")
+    shared = Path("/tmp/ray")
+    sessions_before = set(shared.glob("session_2*")) if shared.is_dir() else set()
     result = _cutfs(
         "pack", *lhotse_manifests, "-o", output, "--shard-size", SHARD_SIZE, "--engine", "ray",
         "-q",
     )  # fmt: skip
     assert "packed" in result.stdout
     _assert_same_directory(output, shard_dir)
+    if shared.is_dir():
+        assert set(shared.glob("session_2*")) == sessions_before
+    private = Path(private_ray_directory())
+    assert private.stat().st_mode & 0o777 == 0o700 and private.stat().st_uid == os.geteuid()
+    assert list((private / "ray").glob("session_2*"))  # Ray's own directory is mode 0777
+
+
+@needs_root
+@pytest.mark.parametrize("forgery", ["another user's table", "a group-writable table"])
+def test_commit_merges_only_partitions_its_user_wrote(
+    lhotse_manifests: list[str], tmp_path: Path, forgery: str
+) -> None:
+    """A group packs into a shared output: a member who can write ``_parts`` replaces a
+    partition's cuts table with one of the same layout (other times, so other audio under
+    the plan's cut ids), or finds it writable by the group.  The commit refuses, naming
+    the file, and writes no manifest; before, it merged the member's table."""
+    output = tmp_path / "out"
+    partitions = _plan(lhotse_manifests, str(output))
+    _cutfs("pack", "run", str(output), "--partition", f"0-{partitions - 1}")
+    table = output / "_parts" / "part-000000.cuts.arrow"
+    with pa.memory_map(str(table)) as source:
+        cuts = pa.ipc.open_file(source).read_all()
+    index = cuts.schema.get_field_index("start_frame")
+    shifted = pc.add(cuts.column(index), pa.scalar(16000, pa.int64()))
+    forged = tmp_path / "forged.arrow"
+    with pa.OSFile(str(forged), "wb") as sink, pa.ipc.new_file(sink, cuts.schema) as writer:
+        writer.write_table(cuts.set_column(index, cuts.schema.field(index), shifted))
+    if forgery == "another user's table":
+        os.chown(forged, other_uid(), other_gid())
+        forged.chmod(0o644)
+    else:
+        forged.chmod(0o664)
+    forged.replace(table)
+    refused = _cutfs("pack", "commit", str(output), check=False)
+    assert refused.returncode == 1
+    assert "could have been written by another user" in refused.stderr
+    assert "part-000000.cuts.arrow" in refused.stderr
+    assert not (output / "manifest.json").exists()
 
 
 @pytest.mark.slow
