@@ -33,12 +33,13 @@ def read_regular_file(path: str, most_bytes: int) -> bytes:
     return content
 
 
-def replace_file(path: str, content: bytes, temporary: str) -> None:
-    """Put ``content`` at ``path``: written to ``temporary`` (made anew: whatever was at
-    that name is removed first) and renamed over ``path``.  Raises OSError."""
+def replace_file(path: str, content: bytes, temporary: str, mode: int = 0o600) -> None:
+    """Put ``content`` at ``path``: written to ``temporary`` (made anew with ``mode``:
+    whatever was at that name is removed first) and renamed over ``path``.  Raises
+    OSError."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(temporary)
-    descriptor = os.open(temporary, _NEW_FILE, 0o600)
+    descriptor = os.open(temporary, _NEW_FILE, mode)
     with open(descriptor, "wb") as file:
         file.write(content)
     os.replace(temporary, path)

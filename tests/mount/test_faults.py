@@ -17,7 +17,16 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from support.mounts import CUTFS, is_mounted, mounted, needs_fuse, unmount
+from support.mounts import (
+    CUTFS,
+    holds_fuse,
+    is_mounted,
+    mounted,
+    needs_fuse,
+    process_name,
+    spawned_pids,
+    unmount,
+)
 from support.shards import write_arrow_file
 
 from cutfs.codec.catalogue.shard_format import CUTS_FILE, RECORDINGS_FILE
@@ -55,24 +64,8 @@ def _in_thread(function: Callable[[], bytes], timeout: float) -> bytes | BaseExc
 
 
 def _decoder_pids(mountpoint: str) -> list[int]:
-    daemon = subprocess.run(
-        ["pgrep", "-f", f"cutfs.vfs.cli .*{mountpoint}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
-    children = subprocess.run(
-        ["pgrep", "-P", ",".join(daemon)], capture_output=True, text=True, check=False
-    ).stdout.split()
-    return [int(pid) for pid in children if b"spawn_main" in _command_line(int(pid))]
-
-
-def _command_line(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as command_line:
-            return command_line.read()
-    except OSError:
-        return b""
+    """The decoder workers of the mount."""
+    return [pid for pid in spawned_pids(mountpoint) if process_name(pid) == "cutfs-decoder"]
 
 
 @pytest.fixture()
@@ -117,7 +110,7 @@ def test_stalled_storage_fails_reads_at_the_deadline_and_serves_the_rest(
         try:
             outcome = _in_thread(lambda: _read(stalled_cut), timeout=60)
             assert isinstance(outcome, OSError) and outcome.errno == errno.EIO
-            # Everything that needs no storage is still answered, by the daemon itself:
+            # Everything that needs no storage is still answered, by the serving process:
             recording = os.path.join(mount, "recordings", "flac_mono_16k.wav")
             assert _in_thread(lambda: _read(recording, 44, 60000), 10) == cached[44:60044]
             assert os.stat(os.path.join(mount, "cuts", "mp3_cbr_mono_16k", "end.wav")).st_size
@@ -200,14 +193,7 @@ def test_thousands_of_open_files_cost_the_daemon_no_descriptors(
     shard_dir: str, tmp_path: Path
 ) -> None:
     with mounted(shard_dir, str(tmp_path / "mnt"), "--serving-processes", "1") as mount:
-        daemon = int(
-            subprocess.run(
-                ["pgrep", "-f", f"cutfs.vfs.cli .*{mount}"],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.split()[0]
-        )
+        (daemon,) = [pid for pid in spawned_pids(mount) if holds_fuse(pid)]  # the one serving
         descriptors_before = len(os.listdir(f"/proc/{daemon}/fd"))
         holders = [
             subprocess.Popen(

@@ -37,5 +37,9 @@ def test_metrics_parse_as_prometheus_text(shard_dir: str, tmp_path: Path) -> Non
     assert buckets == sorted(buckets)  # cumulative
     count = next(s.value for s in reads if s.name.endswith("_count"))
     assert buckets[-1] == count >= 1
-    assert families["cutfs_workers_alive"].samples[0].value == 1
+    # One serving process decoding in turn: no decoder worker; it and the supervisor run.
+    assert families["cutfs_workers_alive"].samples[0].value == 0
+    assert families["cutfs_serving_running"].samples[0].value == 2
+    assert families["cutfs_serving_ready"].samples[0].value == 2
+    assert families["cutfs_serving_restarts"].type == "counter"
     assert families["cutfs_cache_capacity_bytes"].type == "gauge"

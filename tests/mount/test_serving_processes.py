@@ -35,11 +35,12 @@ from support.shards import resident_pages
 pytestmark = [pytest.mark.mount, needs_fuse]
 
 PROCESSES = 3
-#: Two serving processes of each kind, and how many processes ``serving`` then counts
-#: (in turn, the daemon besides the two).
+#: What ``serving`` counts: the supervisor besides the serving processes.
+COUNTED = PROCESSES + 1
+#: Two serving processes of each kind, and how many processes ``serving`` then counts.
 KINDS = {
     "in turn": (("--serving-processes", "2"), 3),
-    "loops": (("--no-decode-in-turn", "--serving-processes", "2"), 2),
+    "loops": (("--no-decode-in-turn", "--serving-processes", "2"), 3),
 }
 
 
@@ -69,7 +70,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, shard_dir: str) -> Iterator
     mountpoint = str(tmp_path_factory.mktemp("served"))
     options = ("--serving-processes", str(PROCESSES), "--workers", "3", "--cache-size", "48M")
     with mounted(shard_dir, mountpoint, "--no-decode-in-turn", *options) as path:
-        _wait_for(path, lambda s: s["ready"] == PROCESSES, "every process serves")
+        _wait_for(path, lambda s: s["ready"] == COUNTED, "every process serves")
         yield path
 
 
@@ -99,8 +100,9 @@ def test_every_cut_is_exact_whichever_process_reads_it(
             assert close_enough(actual, expected[cut_id], lossless[cut_id]), cut_id
     time.sleep(1.5)  # every process has published its figures since
     serving = _stats(served)["serving"]
-    assert serving["processes"] == PROCESSES and serving["counted"] == PROCESSES
-    assert all(count > 0 for count in serving["requests_by_process"]), serving
+    assert serving["processes"] == COUNTED and serving["counted"] == COUNTED
+    supervisor, *processes = serving["requests_by_process"]
+    assert supervisor == 0 and all(count > 0 for count in processes), serving
 
 
 def test_listings_and_attributes_agree_across_processes(served: str, mount: str) -> None:
@@ -180,7 +182,7 @@ def test_time_ranges_are_shared_by_every_process(
 def test_statistics_read_through_any_process(served: str) -> None:
     for _ in range(20):
         stats = _stats(served)  # an open and a read, possibly answered by two processes
-        assert stats["serving"]["processes"] == PROCESSES
+        assert stats["serving"]["processes"] == COUNTED
         assert stats["workers"]["workers"] == PROCESSES  # one decoder each: 3 split 3 ways
 
 
@@ -282,7 +284,7 @@ def test_every_cut_is_exact_when_the_serving_processes_decode_in_turn(
 ) -> None:
     options = ("--serving-processes", "2", "--cache-size", "48M")  # in turn: the default
     with mounted(shard_dir, str(tmp_path / "mnt"), *options) as mnt:
-        # Two processes decode in turn, besides the daemon, which serves nothing itself.
+        # Two processes decode in turn, besides the supervisor, which serves nothing.
         _wait_for(mnt, lambda s: s["ready"] == 3, "both processes serve")
         cuts = cut_plan(references)
         lossless = {n: r.lossless for n, r in ((recording_id(n), r) for n, r in references.items())}
@@ -300,5 +302,5 @@ def test_every_cut_is_exact_when_the_serving_processes_decode_in_turn(
         stats = _stats(mnt)
         assert by_process[0] == 0, by_process  # the daemon answered none: its worker idles
         assert stats["errors"] == {}
-        assert stats["workers"]["workers"] == 1  # the daemon's one, standing by
+        assert stats["workers"]["workers"] == 0  # in turn: no decoder workers at all
         assert stats["counters"]["decodes"] >= len({str(c["recording"]) for c in cuts})

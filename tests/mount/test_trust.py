@@ -36,7 +36,16 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 from support.corpus import ffmpeg_decode, wav_header
-from support.mounts import CUTFS, mounted, needs_fuse
+from support.mounts import (
+    CUTFS,
+    daemon_pid,
+    descendants,
+    holds_fuse,
+    mounted,
+    needs_fuse,
+    process_name,
+    spawned_pids,
+)
 from support.references import Reference
 from support.shards import write_arrow_file
 from support.users import (
@@ -60,6 +69,18 @@ from cutfs.vfs.frames.decode_pool import DecodePool, WorkerDiedError
 pytestmark = [pytest.mark.mount, needs_fuse, needs_root]
 
 FLAC = "flac_mono_16k.flac"
+
+#: How a mount may be served: processes decoding in turn (the default), event loops with
+#: decoder workers, event loops decoding in threads.
+SERVING_KINDS = {
+    "in turn": ("--serving-processes", "2"),
+    "loops": ("--no-decode-in-turn", "--serving-processes", "2", "--workers", "2"),
+    "threads": ("--no-decode-in-turn", "--workers", "0"),
+}
+
+
+#: gdb runs code inside a process of a mount, as code that took it over would.
+needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="needs gdb")
 
 
 @pytest.fixture
@@ -463,18 +484,20 @@ def test_commands_never_run_by_default(
     assert not marker.exists()  # as root (uid 0) on main
 
 
+@pytest.mark.parametrize("kind", ["in turn", "threads"])
 def test_allowed_commands_run_as_the_files_owner_never_root(
-    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+    public: Path, corpus: dict[str, str], references: dict[str, Reference], kind: str
 ) -> None:
+    """Decoding in the serving process's threads too (``--workers 0``: refused before the
+    process split, when the process that would start it kept root as its saved id)."""
     marker = public / "uid"
     marker.touch()
     give_to_other_user(marker)
     flac = public / "data" / "a.flac"
     data = _kaldi_by_other_user(public, corpus, f"id -u > {marker}; cat {flac}")
     mountpoint = public / "mnt"
-    with mounted(
-        str(data), str(mountpoint), "--allow-other", "--allow-commands", "--serving-processes", "1"
-    ):
+    serving = ("--serving-processes", "1") if kind == "in turn" else SERVING_KINDS["threads"]
+    with mounted(str(data), str(mountpoint), "--allow-other", "--allow-commands", *serving):
         read = _read_as_other_user(mountpoint, "piped.wav")
         assert read.returncode == 0, read.stderr
         assert read.stdout == _expected(references[FLAC], 0, len(references[FLAC].samples) / 16000)
@@ -583,7 +606,7 @@ def test_a_killed_worker_takes_its_command_with_it(
         while (read := _read_as_other_user(mountpoint, "plain.wav")).returncode != 0:
             assert time.monotonic() < deadline, read.stderr  # in turn, it starts meanwhile
             time.sleep(0.2)
-        (replacement,) = [p for p in _decoder_pids(mountpoint) if _holds_fuse(p) == in_turn]
+        (replacement,) = [p for p in _decoder_pids(mountpoint) if holds_fuse(p) == in_turn]
         assert replacement != worker
         assert _ids(replacement)[0] == [other_uid()] * 4
 
@@ -756,41 +779,219 @@ def _ids(pid: int) -> tuple[list[int], list[int]]:
     return fields["Uid"], fields["Gid"]
 
 
-def test_a_root_daemon_reads_as_the_sources_owner(public: Path, corpus: dict[str, str]) -> None:
+@pytest.mark.parametrize("kind", SERVING_KINDS)
+def test_only_a_supervisor_that_holds_nothing_of_the_source_keeps_root(
+    public: Path, corpus: dict[str, str], kind: str
+) -> None:
+    """The process split of issue 37: in a root mount of a user's source, every process
+    that holds a descriptor or a mapping of the source or of its index cache (manifests,
+    tables, media) is that user in every id, with no capability, ``no_new_privs`` and a
+    system call filter, and so is every process the mount spawned; the one process that
+    keeps root (the supervisor, which mounts, tunes and unmounts) holds nothing of either.
+    (Before, the daemon kept root as its saved id and its capabilities while it mapped
+    the catalogue.)"""
+    source = _users_flac_source(public, corpus)
+    mountpoint = public / "mnt"
+    cache = f"/var/cache/cutfs/{other_uid()}"
+    with mounted(str(source), str(mountpoint), "--allow-other", *SERVING_KINDS[kind]):
+        assert _read_as_other_user(mountpoint, "a.wav").returncode == 0
+        assert _stats(mountpoint)["serving"]["running"] == (2 if kind == "threads" else 3)
+        supervisor = daemon_pid(str(mountpoint))
+        below = descendants(supervisor)
+        roots = (str(source), cache)
+        assert _holds_any(supervisor, roots) == [], "the supervisor holds the user's data"
+        holders = [pid for pid in below if _holds_any(pid, roots)]
+        spawned = spawned_pids(str(mountpoint))
+        assert holders and spawned
+        for pid in {*holders, *spawned}:
+            uid, gid = _ids(pid)
+            assert uid == [other_uid()] * 4 and gid == [other_gid()] * 4, pid
+            status = _status(pid)
+            assert status["CapPrm"] == status["CapEff"] == "0" * 16, pid
+            assert status["NoNewPrivs"] == "1", pid
+            assert status["Seccomp"] == "2", pid  # filtered (cutfs.vfs.daemon.syscall_filter)
+        assert _ids(supervisor)[0] == [0] * 4
+    assert not os.path.ismount(mountpoint)  # the supervisor unmounts
+
+
+@needs_fuse
+@needs_root
+@pytest.mark.mount
+@needs_gdb
+@pytest.mark.parametrize("kind", ["in turn", "loops"])
+def test_code_taken_over_in_a_serving_process_or_decoder_opens_only_the_source_and_cache(
+    public: Path, corpus: dict[str, str], kind: str
+) -> None:
+    """What crafted media that took over a decoder could do, run for real: code injected
+    (with gdb, as root) into every process of the mount that parses data opens the
+    source, but neither reads the user's other files nor creates a file outside the
+    mount's cache, though the user it runs as may do both.  Before issue 37's
+    confinement, all of it succeeded."""
+    source = _users_flac_source(public, corpus)
+    home = public / "home"
+    home.mkdir()
+    (home / "key").write_text("secret")
+    (home / "key").chmod(0o600)
+    give_to_other_user(home)
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), "--allow-other", *SERVING_KINDS[kind]):
+        assert _read_as_other_user(mountpoint, "a.wav").returncode == 0
+        parsers = [
+            pid
+            for pid in spawned_pids(str(mountpoint))
+            if process_name(pid) in {"cutfs-serving", "cutfs-decoder"}
+        ]
+        assert len(parsers) == (2 if kind == "in turn" else 4), parsers
+        for pid in parsers:
+            opened = _open_in(
+                pid,
+                [
+                    (source / "a.flac", os.O_RDONLY),
+                    (home / "key", os.O_RDONLY),
+                    (home / ".bashrc", os.O_WRONLY | os.O_CREAT),
+                    (source / "planted", os.O_WRONLY | os.O_CREAT),
+                ],
+            )
+            assert opened[0] >= 0, (pid, opened)  # the user may: the code ran
+            assert opened[1:] == [-1, -1, -1], (pid, opened)
+        assert sorted(os.listdir(home)) == ["key"] and sorted(os.listdir(source)) == ["a.flac"]
+        as_other_user("cat", str(home / "key")).check_returncode()  # the user may read it
+        assert _read_as_other_user(mountpoint, "a.wav").returncode == 0  # and all serve on
+
+
+@needs_fuse
+@needs_root
+@pytest.mark.mount
+@needs_gdb
+def test_processes_reading_roots_own_source_are_root_without_its_power(
+    public: Path, corpus: dict[str, str]
+) -> None:
+    """A source of root's is read as root, but by processes with no capability at all
+    (bounding set included, so no program they run gets one back): code taken over in one
+    opens root's files but not a user's private file that root could read, and every
+    serving process and decoder shows no capability.  Before, they held all of root's."""
+    source = public / "audio"
+    source.mkdir()
+    shutil.copy(corpus[FLAC], source / "a.flac")
+    private = source / "private.bin"
+    private.write_text("a user's")
+    private.chmod(0o600)
+    give_to_other_user(private)
+    mountpoint = public / "mnt"
+    with mounted(str(source), str(mountpoint), *SERVING_KINDS["loops"]):
+        assert (mountpoint / "cuts" / "a.wav").read_bytes()[:4] == b"RIFF"
+        parsers = [
+            pid
+            for pid in spawned_pids(str(mountpoint))
+            if process_name(pid) in {"cutfs-serving", "cutfs-zygote", "cutfs-decoder"}
+        ]
+        assert len(parsers) == 6, parsers  # 2 serving processes, 2 zygotes, 2 decoders
+        for pid in parsers:
+            status = _status(pid)
+            assert _ids(pid)[0] == [0] * 4, pid
+            for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+                assert status[field] == "0" * 16, (pid, field, status[field])
+            assert status["NoNewPrivs"] == "1", pid
+        for pid in (p for p in parsers if process_name(p) != "cutfs-zygote"):
+            opened = _open_in(pid, [(source / "a.flac", os.O_RDONLY), (private, os.O_RDONLY)])
+            assert opened[0] >= 0 and opened[1] == -1, (pid, opened)
+        assert _status(daemon_pid(str(mountpoint)))["CapEff"] != "0" * 16  # the supervisor
+
+
+def _open_in(pid: int, attempts: list[tuple[Path, int]]) -> list[int]:
+    """Call ``open(path, flags, 0644)`` inside process ``pid`` for each attempt (gdb, as
+    root), and what each returned."""
+    calls = [f'(int)open("{path}", {flags}, 420)' for path, flags in attempts]
+    results, printed = _call_in(pid, calls)
+    assert len(results) == len(attempts), printed
+    return results
+
+
+def _call_in(pid: int, calls: list[str]) -> tuple[list[int], str]:
+    """Evaluate each C expression in ``calls`` inside process ``pid`` (gdb, as root), as
+    code that took the process over would: the values returned, and what gdb printed."""
+    command = ["gdb", "-p", str(pid), "-batch", "-nx"]
+    for call in calls:
+        command += ["-ex", f"call {call}"]
+    printed = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    results = [
+        int(line.split("=", 1)[1]) for line in printed.stdout.splitlines() if line.startswith("$")
+    ]
+    return results, printed.stdout + printed.stderr
+
+
+@needs_fuse
+@needs_root
+@pytest.mark.mount
+@needs_gdb
+@pytest.mark.parametrize("name", ["cutfs-serving", "cutfs-decoder"])
+def test_a_process_taken_over_that_makes_a_forbidden_call_dies_and_is_replaced(
+    public: Path, corpus: dict[str, str], name: str
+) -> None:
+    """Code injected into a serving process or a decoder (gdb, as root) that starts a
+    program is killed by the kernel on the spot (the program never runs); the mount
+    replaces the process and serves the same audio on."""
+    source = _users_flac_source(public, corpus)
+    mountpoint = public / "mnt"
+    marker = public / "ran"
+    log = public / "log"
+    options = ("--allow-other", *SERVING_KINDS["loops"], "--log-file", str(log))
+    with mounted(str(source), str(mountpoint), *options):
+        assert _read_as_other_user(mountpoint, "a.wav").returncode == 0
+        victim = next(p for p in spawned_pids(str(mountpoint)) if process_name(p) == name)
+        _call_in(victim, [f'(int)execl("/bin/touch", "touch", "{marker}", 0)'])
+        deadline = time.monotonic() + 60
+        while os.path.exists(f"/proc/{victim}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{victim}"), "the process survived its call"
+        assert not marker.exists(), "the program ran"
+        served = None
+        while time.monotonic() < deadline:  # a read in flight as it died fails; the next serve
+            served = _read_as_other_user(mountpoint, "a.wav")
+            if (
+                served.returncode == 0
+                and sum(process_name(p) == name for p in spawned_pids(str(mountpoint))) == 2
+            ):
+                break
+            time.sleep(0.2)
+        assert served is not None and served.returncode == 0, served
+        samples, rate, channels = ffmpeg_decode(corpus[FLAC])
+        assert served.stdout == wav_header(rate, channels, len(samples)) + samples.tobytes()
+
+
+def _users_flac_source(public: Path, corpus: dict[str, str]) -> Path:
+    """A folder of the other user's in ``public`` holding one FLAC file, ``a.flac``."""
     source = public / "audio"
     source.mkdir()
     shutil.copy(corpus[FLAC], source / "a.flac")
     give_to_other_user(source)
-    mountpoint = public / "mnt"
-    options = ("--allow-other", "--no-decode-in-turn", "--workers", "2")
-    with mounted(str(source), str(mountpoint), *options):
-        assert _read_as_other_user(mountpoint, "a.wav").returncode == 0
-        (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
-        uid, gid = _ids(daemon)
-        assert uid[1] == other_uid() and uid[3] == other_uid()  # effective and fs: the owner
-        workers = [
-            int(child)
-            for child in Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split()
-        ]
-        decoders = [
-            pid for pid in workers if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()
-        ]
-        assert len(decoders) == 2
-        for worker in decoders:
-            uid, gid = _ids(worker)
-            assert uid == [other_uid()] * 4 and gid == [other_gid()] * 4
-    assert not os.path.ismount(mountpoint)  # root again to unmount
+    return source
 
 
-def _holds_fuse(pid: int) -> bool:
-    """Whether a process has a /dev/fuse descriptor (a serving process, not a decoder)."""
-    for descriptor in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{descriptor}") == "/dev/fuse":
-                return True
-        except FileNotFoundError:  # closed meanwhile
-            continue
-    return False
+def _holds_any(pid: int, roots: tuple[str, ...]) -> list[str]:
+    """The files beneath ``roots`` that process ``pid`` has open or mapped."""
+    held = []
+    with contextlib.suppress(FileNotFoundError):
+        for descriptor in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(FileNotFoundError):
+                held.append(os.readlink(f"/proc/{pid}/fd/{descriptor}"))
+    with contextlib.suppress(FileNotFoundError):
+        held += [
+            line.split(maxsplit=5)[-1]
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+            if len(line.split()) == 6
+        ]
+    return [
+        path for path in held if any(path.startswith(root + "/") or path == root for root in roots)
+    ]
+
+
+def _status(pid: int) -> dict[str, str]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
 
 
 def test_a_root_source_with_a_users_folder_never_decodes_it_as_root(
@@ -820,10 +1021,7 @@ def test_processes_decoding_in_turn_keep_no_id_of_root(
 ) -> None:
     """They decode what others wrote in the process that holds a /dev/fuse descriptor:
     they become the source's owner for good, as decoder workers do."""
-    source = public / "audio"
-    source.mkdir()
-    shutil.copy(corpus[FLAC], source / "a.flac")
-    give_to_other_user(source)
+    source = _users_flac_source(public, corpus)
     mountpoint = public / "mnt"
     options = ("--allow-other", "--serving-processes", "2")  # in turn: the default
     with mounted(str(source), str(mountpoint), *options):
@@ -836,7 +1034,7 @@ def test_processes_decoding_in_turn_keep_no_id_of_root(
         serving = [
             pid
             for pid in children
-            if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text() and _holds_fuse(pid)
+            if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text() and holds_fuse(pid)
         ]
         assert len(serving) == 2
         for process in serving:
@@ -848,23 +1046,20 @@ def test_processes_decoding_in_turn_keep_no_id_of_root(
 # -- bounded by configuration -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kind", ["in turn", "loops"])
 def test_serving_processes_stopped_by_the_sources_owner_are_replaced(
-    public: Path, corpus: dict[str, str], references: dict[str, Reference]
+    public: Path, corpus: dict[str, str], references: dict[str, Reference], kind: str
 ) -> None:
     """The serving processes run as the source's owner, who can stop them (SIGSTOP) while
     they hold no request: requests would wait in the kernel for a reader that never comes.
     Another user's read is served anyway: stopped processes are seen (they stop beating)
-    and replaced."""
-    source = public / "audio"
-    source.mkdir()
-    shutil.copy(corpus[FLAC], source / "a.flac")
-    give_to_other_user(source)
+    and replaced.  (Before the process split, the event loops of --no-decode-in-turn were
+    not watched so: a read hung.)"""
+    source = _users_flac_source(public, corpus)
     mountpoint = public / "mnt"
-    options = ("--allow-other", "--serving-processes", "2", "--read-timeout", "5")
+    options = ("--allow-other", *SERVING_KINDS[kind], "--read-timeout", "5")
     with mounted(str(source), str(mountpoint), *options):
-        (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
-        children = Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split()
-        serving = [pid for pid in map(int, children) if _holds_fuse(pid)]
+        serving = [pid for pid in spawned_pids(str(mountpoint)) if holds_fuse(pid)]
         assert len(serving) == 2
         stopped = as_other_user("kill", "-STOP", *map(str, serving))
         assert stopped.returncode == 0, stopped.stderr  # the owner may signal them
@@ -1022,11 +1217,8 @@ def _tone(path: Path, frequency: int) -> None:
 
 
 def _decoder_pids(mountpoint: Path) -> list[int]:
-    (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
-    children = Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split()
-    return [
-        int(pid) for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()
-    ]
+    """Serving processes and decoder workers of the mount (not the zygotes)."""
+    return [pid for pid in spawned_pids(str(mountpoint)) if process_name(pid) != "cutfs-zygote"]
 
 
 def _first_and_second_packed(root: Path) -> Path:
@@ -1044,17 +1236,22 @@ def _first_and_second_packed(root: Path) -> Path:
 
 
 def test_a_shard_directory_replaced_under_a_live_mount_is_not_served(public: Path) -> None:
-    """Another directory moved into the mounted path: EIO and a log line, never its audio."""
+    """Another directory moved into the mounted path: EIO and a log line, never its audio;
+    a decoder worker started afterwards refuses it, and so does a serving process (when
+    every replacement refuses, the supervisor takes the mount down: reads fail, none
+    hangs)."""
     shards, mountpoint = _first_and_second_packed(public), public / "mnt"
     log = public / "log"
-    options = ("--serving-processes", "1", "--direct-io", "--log-file", str(log))
+    options = ("--no-decode-in-turn", "--workers", "1", "--direct-io", "--log-file", str(log))
     with mounted(str(shards), str(mountpoint), *options):
         served = mountpoint / "recordings" / "a.wav"
         assert len(_read_range(served, 0, 64000)) == 64000
         shards.rename(public / "first")
         (public / "second").rename(shards)
+        (serving,) = [pid for pid in _decoder_pids(mountpoint) if holds_fuse(pid)]
         for worker in _decoder_pids(mountpoint):
-            os.kill(worker, signal.SIGKILL)  # a restart opens the path again
+            if worker != serving:
+                os.kill(worker, signal.SIGKILL)  # a restart opens the path again
         deadline = time.monotonic() + 20
         while _stats(mountpoint)["workers"]["restarts"] == 0:  # replaced by the pool's watcher
             assert time.monotonic() < deadline
@@ -1063,7 +1260,14 @@ def test_a_shard_directory_replaced_under_a_live_mount_is_not_served(public: Pat
             _read_range(
                 served, 6_400_044, 64000
             )  # 200 s in, beyond the read-ahead: the second directory's audio before
-    assert "changed since it was mounted" in log.read_text(), log.read_text()
+        os.kill(serving, signal.SIGKILL)  # its replacements open the path again
+        started = time.monotonic()
+        with pytest.raises(OSError):  # the mount taken down, not the second directory's audio
+            _read_range(served, 12_800_044, 64000)
+        assert time.monotonic() - started < 120
+    text = log.read_text()
+    assert "changed since it was mounted" in text, text
+    assert "serving process 1 is not started again" in text, text
 
 
 def test_a_decoder_worker_that_finds_another_directory_says_so_before_it_ends(
@@ -1224,15 +1428,15 @@ def _wait_for_line(log: Path, text: str) -> None:
 
 
 def _board_of(mountpoint: Path) -> Path:
-    """The statistics board of the mount at ``mountpoint`` (the daemon's private directory
-    holds it; its subdirectory belongs to the serving user)."""
-    (daemon,) = _processes_with(f"cutfs.vfs.cli mount .*{mountpoint}")
-    for descriptor in Path(f"/proc/{daemon}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            for parent in Path(os.readlink(descriptor)).parents:
-                if parent.name.startswith("cutfs-serving-"):
-                    return parent / "statistics"
-    raise AssertionError("the daemon holds nothing of its shared directory open")
+    """The statistics board of the mount at ``mountpoint`` (the supervisor's private
+    directory holds it; its subdirectory belongs to the serving user)."""
+    for process in spawned_pids(str(mountpoint)):
+        for descriptor in Path(f"/proc/{process}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                for parent in Path(os.readlink(descriptor)).parents:
+                    if parent.name.startswith("cutfs-serving-"):
+                        return parent / "statistics"
+    raise AssertionError("no serving process holds anything of the shared directory open")
 
 
 def test_a_sources_owner_cannot_hang_or_forge_what_stats_prints(
@@ -1243,10 +1447,7 @@ def test_a_sources_owner_cannot_hang_or_forge_what_stats_prints(
     a file with names made of escape sequences and line breaks where another does, and
     keeps both processes from replacing them: root's ``cutfs stats`` neither hangs nor
     prints a control character, and ``--prometheus`` gives only cutfs's own families."""
-    source = public / "audio"
-    source.mkdir()
-    shutil.copy(corpus[FLAC], source / "a.flac")
-    give_to_other_user(source)
+    source = _users_flac_source(public, corpus)
     mountpoint = public / "mnt"
     with mounted(str(source), str(mountpoint), "--allow-other", "--serving-processes", "2"):
         assert _read_as_other_user(mountpoint, "a.wav").returncode == 0
@@ -1321,31 +1522,6 @@ def test_transcodes_into_the_index_cache_are_bounded(public: Path, corpus: dict[
 
 
 # -- found in review ----------------------------------------------------------------------------
-
-
-def test_decoding_in_the_daemon_is_refused_when_reading_as_another_user(
-    public: Path, corpus: dict[str, str]
-) -> None:
-    """--workers 0 keeps decoding (and commands) in the daemon, which holds root to unmount."""
-    data = _kaldi_by_other_user(public, corpus, "id > /dev/null; cat a.flac")
-    (public / "mnt").mkdir()
-    result = subprocess.run(
-        [
-            *CUTFS,
-            "mount",
-            "--allow-commands",
-            "--no-decode-in-turn",
-            "--workers",
-            "0",
-            str(data),
-            str(public / "mnt"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 2
-    assert "needs decoder workers" in result.stderr
 
 
 @pytest.mark.parametrize("processes", [1, 2])

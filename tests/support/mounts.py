@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,12 +50,76 @@ def unmount(mountpoint: str) -> None:
 
 def _daemon_pids(mountpoint: str) -> list[int]:
     result = subprocess.run(
-        ["pgrep", "-f", f"cutfs.vfs.cli mount .* {mountpoint}$"],
+        # The daemon's arguments are the source, the mountpoint, then the options.
+        ["pgrep", "-f", f"cutfs.vfs.cli mount .* {re.escape(mountpoint)}( |$)"],
         capture_output=True,
         text=True,
         check=False,
     )
     return [int(pid) for pid in result.stdout.split()]
+
+
+def daemon_pid(mountpoint: str) -> int:
+    """The pid of the daemon (the supervisor) of the mount at ``mountpoint``."""
+    (pid,) = _daemon_pids(mountpoint)
+    return pid
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...)."""
+    found: list[int] = []
+    waiting = [pid]
+    while waiting:
+        parent = waiting.pop()
+        try:
+            children = [
+                int(child)
+                for task in os.listdir(f"/proc/{parent}/task")
+                for child in _read_text(f"/proc/{parent}/task/{task}/children").split()
+            ]
+        except FileNotFoundError:
+            continue
+        found += children
+        waiting += children
+    return found
+
+
+def spawned_pids(mountpoint: str) -> list[int]:
+    """The serving processes and decoder workers of the mount at ``mountpoint`` (every
+    process its daemon started through ``multiprocessing``, directly or not)."""
+    return [
+        pid
+        for pid in descendants(daemon_pid(mountpoint))
+        if "spawn_main" in _read_text(f"/proc/{pid}/cmdline")
+    ]
+
+
+def process_name(pid: int) -> str:
+    """A process's name (``cutfs-serving``, ``cutfs-zygote``, ``cutfs-decoder``, ...)."""
+    return _read_text(f"/proc/{pid}/comm").strip()
+
+
+def holds_fuse(pid: int) -> bool:
+    """Whether a process has a /dev/fuse descriptor (a serving process, not a decoder)."""
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return False
+    for descriptor in descriptors:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{descriptor}") == "/dev/fuse":
+                return True
+        except FileNotFoundError:  # closed meanwhile
+            continue
+    return False
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as file:
+            return file.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
 
 
 def all_files(mountpoint: str) -> list[str]:

@@ -3,11 +3,15 @@
 - :mod:`.mount`: the daemon assembled for one mount (source, serving processes, the
   kernel's mount), run until unmounted or signalled, with its exit statuses;
   :mod:`.mount_options`: every option of a mount, declared once.
-- :mod:`.serving_process`: the extra processes that serve one mount, started, watched and
-  replaced; :mod:`.serving_stack`: what one serving process holds (library, decoders,
-  cache, filesystem); :mod:`.request_slot`: the request a process decoding in turn is
-  answering, for the daemon to fail if it dies; :mod:`.doorbell`: one process asking
+- :mod:`.supervisor`: the one process that keeps root and parses nothing: it starts,
+  watches, fails and replaces the serving processes.
+- :mod:`.serving_process`: the processes that open the source and serve the mount, as
+  the serving user; :mod:`.serving_stack`: what one serving process holds (library,
+  decoders, cache, filesystem); :mod:`.request_slot`: the request a process is answering
+  and its heartbeat, for the supervisor to see; :mod:`.doorbell`: one process asking
   another to publish now; :mod:`.log_channel`: their log records, as checked plain data.
-- :mod:`.serving_user`: the unprivileged user a root daemon reads its source as.
+- :mod:`.serving_user`: the unprivileged user a root daemon reads its source as, and
+  dropping privileges; :mod:`.syscall_filter`: the seccomp filter of the processes that
+  parse data; :mod:`.process_name`: what they are called in ``ps``.
 - :mod:`.kernel_tuning`: optional sysfs settings of the mount (read-ahead, background).
 """

@@ -1,8 +1,10 @@
 """Assembling and running the daemon for one mount.
 
-:func:`serve` opens the shard set, builds the filesystem, mounts it, reports
-readiness, answers requests until it is unmounted or gets SIGTERM, SIGINT
-or SIGHUP, and then unmounts and releases everything, in that order.
+:func:`serve` makes this process the mount's supervisor: it starts the serving
+processes (which open the source as the serving user), mounts, answers the
+kernel's INIT, hands them the mount, reports readiness, supervises them until
+the mount is unmounted or it gets SIGTERM, SIGINT or SIGHUP, and then unmounts
+and releases everything, in that order.  It never opens the source itself.
 """
 
 from __future__ import annotations
@@ -17,45 +19,33 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
 
 import pyfuse3
 import trio
 
-from cutfs.codec.errors import CutfsError, ShardFormatError, SourceError
-from cutfs.codec.library import Library
-from cutfs.codec.opener import open_source
-from cutfs.codec.sources.source_index import SourceIndex, default_cache_root
+from cutfs.codec.sources.source_index import default_cache_root
 from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.trust.clean_start import is_clean
 from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.daemon import kernel_tuning
 from cutfs.vfs.daemon.mount_options import MountOptions
 from cutfs.vfs.daemon.serving_process import (
-    ServingProcesses,
+    OpenedReport,
     ServingSetup,
-    mount_device_fd,
-    publish_statistics,
-    release_catalogue_pages,
-    serving_doorbell,
-    shared_board_path,
-    shared_snapshots_path,
     shared_spans_path,
+    shared_supervisor_directory,
+    users_shared_paths,
 )
-from cutfs.vfs.daemon.serving_stack import ProcessShare, ServingStack
 from cutfs.vfs.daemon.serving_user import (
     ServingUser,
     ServingUserError,
-    acting_as,
-    as_root,
     serving_user,
 )
-from cutfs.vfs.frames.decode_pool import DecodePool
-from cutfs.vfs.frames.frame_source import FrameSource
-from cutfs.vfs.fuse.device_channel import DeviceChannel
-from cutfs.vfs.stats.statistics_board import StatisticsBoard
+from cutfs.vfs.daemon.supervisor import ServingFailedError, Supervisor, mount_device_fd
+from cutfs.vfs.fuse.device_channel import answer_init
 from cutfs.vfs.tree.span_table import SharedSpanTable
 
 log = logging.getLogger("cutfs.mount")
@@ -105,56 +95,18 @@ def _settled(options: MountOptions) -> MountOptions:
     return replace(options, time_ns=time.time_ns())
 
 
-def _open_library(
-    source: str,
-    cache_dir: str | None,
-    policy: SourcePolicy | None,
-    *,
-    disk_cache_bytes: int,
-    deadline_seconds: float,
-) -> Library:
-    """:func:`cutfs.codec.opener.open_source`, its refusals logged; raises
-    :class:`MountError` with :attr:`ExitCode.BAD_SHARDS` when the source cannot be read."""
-    try:
-        library = open_source(
-            source,
-            cache_dir,
-            policy,
-            disk_cache_bytes=disk_cache_bytes,
-            deadline_seconds=deadline_seconds,
-        )
-    except (ShardFormatError, SourceError) as exc:
-        raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
-    if isinstance(library, SourceIndex):
-        _log_refusals(library)
-    return library
-
-
 def cache_root_for(explicit: str | None, user: ServingUser | None) -> str:
     """The index cache root of a daemon that reads as ``user`` (``None``: as itself).
 
     A daemon started by root keeps the indexes of each user it reads as in
     a directory of that user's own, ``<default root>/<uid>`` (mode 0700,
     owned by the user; ``0`` when it reads as root), below a default root
-    that only root can write.  An explicit directory that does not exist
-    yet is made by the user itself (never created or chowned by root, where
-    the user's links could point).  Whether an existing directory is private
-    enough is checked as the user, when the index is prepared.
+    that only root can write.  An explicit directory is left to the serving
+    processes, which make it (or check that it is private) as the user,
+    never as root, where the user's links could point.
     """
-    if os.geteuid() != 0:
-        return explicit or default_cache_root()
-    if explicit is not None:
-        if user is not None:
-            with acting_as(user):  # made by the user itself: nothing made or chowned as root
-                try:
-                    os.makedirs(explicit, mode=0o700, exist_ok=True)
-                except OSError as exc:
-                    raise MountError(
-                        f"cannot create the index cache {explicit} as {user.describe()}: "
-                        f"{exc.strerror}",
-                        ExitCode.BAD_SHARDS,
-                    ) from exc
-        return explicit
+    if os.geteuid() != 0 or explicit is not None:
+        return os.path.abspath(explicit or default_cache_root())
     parent = default_cache_root()
     os.makedirs(parent, mode=0o755, exist_ok=True)
     status = os.lstat(parent)
@@ -175,39 +127,21 @@ def cache_root_for(explicit: str | None, user: ServingUser | None) -> str:
     return root
 
 
-#: Refused entries of a source logged one by one at mount; the rest are counted.
-_REFUSALS_LOGGED = 20
-
-
-def _log_refusals(index: SourceIndex) -> None:
-    for message in index.refused[:_REFUSALS_LOGGED]:
-        log.warning("refused: %s", message)
-    if index.refused_count > _REFUSALS_LOGGED:
-        log.warning(
-            "refused %d more entries of the source (see refused_entries in .cutfs/stats)",
-            index.refused_count - _REFUSALS_LOGGED,
-        )
-
-
 def serve(
     shard_dir: str, mountpoint: str, options: MountOptions, on_ready: Callable[[], None]
 ) -> None:
     """Mount ``shard_dir`` (or a source served in place) at ``mountpoint`` until unmounted.
 
-    Raises :class:`MountError` for start-up failures.  ``on_ready`` is called
-    once the mount answers requests.
+    This process is the mount's supervisor (:mod:`cutfs.vfs.daemon.supervisor`): it never
+    opens the source; its serving processes do, as the serving user.  Raises
+    :class:`MountError` for start-up failures.  ``on_ready`` is called once the mount
+    answers requests.
     """
     mountpoint = os.path.abspath(mountpoint)
     options = _settled(options)
     _check_environment(mountpoint)
     remote = is_remote(shard_dir)
     user = _serving_user(options.user, None if remote else shard_dir)
-    if user is not None and options.workers == 0 and not options.decode_in_turn:
-        raise MountError(
-            f"--workers 0 decodes in the daemon, which keeps root to unmount; reading as "
-            f"{user.describe()} needs decoder workers (--workers 1 or more)",
-            ExitCode.USAGE,
-        )
     policy = (
         None
         if remote
@@ -223,238 +157,132 @@ def serve(
     )
     cache_dir = cache_root_for(options.cache_dir, user)
     with ExitStack() as stack:
-        with acting_as(user):
-            library = _open_library(
-                shard_dir,
-                cache_dir,
-                policy,
-                disk_cache_bytes=options.disk_cache_bytes,
-                # The store gives up before the read does: the read fails with the store's
-                # reason, and the worker that waited is not killed for missing the deadline.
-                deadline_seconds=options.read_timeout_seconds * 0.8,
-            )
-        stack.callback(library.close)
-        kernel: dict[str, str] = {}
-        servers: ServingProcesses | None = None
-        # In turn, the daemon serves besides the processes only if none of them can.
-        processes = options.processes + (1 if options.decode_in_turn else 0)
-        shared_dir = _shared_directory(stack, user) if processes > 1 else None
-        serving = ServingStack.open(
-            stack,
-            library,
+        setup = ServingSetup(
+            shard_dir,
             mountpoint,
             options,
-            ProcessShare.of_daemon(options, processes),
-            policy=policy,
-            user=user,
-            kernel=kernel,
-            extra_status=lambda: {"serving": servers.describe()} if servers else {},
-            board=(
-                StatisticsBoard(shared_board_path(shared_dir), 0, processes) if shared_dir else None
-            ),
-            shared_spans=shared_spans_path(shared_dir) if shared_dir else None,
-            snapshot_dir=shared_snapshots_path(shared_dir) if shared_dir else None,
+            cache_dir,
+            policy,
+            user,
+            None,
+            options.processes + 1,
+            _shared_directory(stack, user),
+            logging.getLogger().getEffectiveLevel(),
         )
-        pool, frames, operations = serving.pool, serving.frames, serving.operations
-        if shared_dir is not None:
-            servers = ServingProcesses(
-                ServingSetup(
-                    shard_dir,
-                    mountpoint,
-                    options,
-                    cache_dir,
-                    policy,
-                    user,
-                    library.identity,
-                    processes,
-                    shared_dir,
-                    logging.getLogger().getEffectiveLevel(),
-                ),
-                serving.statistics,
-            )
-            stack.callback(servers.close)
+        supervisor = Supervisor(setup)
+        stack.callback(supervisor.close)
         try:
-            pool.wait_ready()
-        except CutfsError as exc:
-            raise MountError(str(exc), ExitCode.BAD_SHARDS) from exc
+            opened = supervisor.open_source()
+        except ServingFailedError as exc:
+            code = ExitCode.BAD_SHARDS if exc.at_source else ExitCode.ERROR
+            raise MountError(str(exc), code) from exc
         try:
-            pyfuse3.init(operations, mountpoint, _fuse_options(options))
+            pyfuse3.init(pyfuse3.Operations(), mountpoint, _fuse_options(options))
         except RuntimeError as exc:
             raise MountError(
                 f"cannot mount at {mountpoint}: {exc}", ExitCode.BAD_MOUNTPOINT
             ) from exc
-
-        async def tune_kernel(init_answered: trio.Event) -> None:
-            # Only once the kernel's INIT exchange is over: its reply resets read-ahead.
-            # (Not by a statvfs of the mount, which waited for an answer from the serving
-            # processes: a daemon whose mount was detached before they served hung in it.)
-            await init_answered.wait()
-            if _read_ahead_kb(options, user) is None and options.max_background is None:
-                return
-            with as_root(user):
-                kernel.update(
-                    kernel_tuning.apply(
-                        mountpoint, _read_ahead_kb(options, user), options.max_background
-                    )
-                )
-            for setting, outcome in kernel.items():
-                log.info("kernel setting %s: %s", setting, outcome)
-
-        log.info(
-            "mounted %s at %s: %d recordings, %d cuts",
-            shard_dir,
-            mountpoint,
-            len(library.recording_ids),
-            library.num_cuts,
-        )
-        if user is not None:
-            log.info("reading %s as %s", shard_dir, user.describe())
-        if library.describe().get("format_version") == 1:
-            log.warning(
-                "%s is of shard format 1: its file trees were built for this mount; "
-                "'cutfs upgrade %s' writes them once (the shards do not change)",
-                shard_dir,
-                shard_dir,
-            )
+        _log_mounted(shard_dir, mountpoint, opened, user)
         try:
-            with acting_as(user):  # root again only to tune the kernel and to unmount
-                trio.run(
-                    _run,
-                    on_ready,
-                    pool,
-                    tune_kernel,
-                    _indexing_reporter(frames, library),
-                    servers,
-                    serving,
-                    user,
-                )
+            served = trio.run(_run, on_ready, supervisor, mountpoint, options, user)
         finally:
             pyfuse3.close(unmount=True)  # also on errors: never leave a stale mount
             log.info("unmounted %s", mountpoint)
+        if not served:
+            raise MountError(
+                "no serving process is left (each died before it served): the mount was "
+                "taken down; see the log for why",
+                ExitCode.ERROR,
+            )
+
+
+def _log_mounted(
+    source: str, mountpoint: str, opened: OpenedReport, user: ServingUser | None
+) -> None:
+    log.info(
+        "mounted %s at %s: %d recordings, %d cuts",
+        source,
+        mountpoint,
+        opened.recordings,
+        opened.cuts,
+    )
+    if user is not None:
+        log.info("reading %s as %s", source, user.describe())
+    if opened.format_version == 1:
+        log.warning(
+            "%s is of shard format 1: its file trees were built for this mount; "
+            "'cutfs upgrade %s' writes them once (the shards do not change)",
+            source,
+            source,
+        )
 
 
 async def _run(
     on_ready: Callable[[], None],
-    pool: DecodePool,
-    tune_kernel: Callable[[trio.Event], Awaitable[None]],
-    report_indexing: Callable[[], Awaitable[None]],
-    servers: ServingProcesses | None,
-    serving: ServingStack,
+    supervisor: Supervisor,
+    mountpoint: str,
+    options: MountOptions,
     user: ServingUser | None,
-) -> None:
-    serving_scope = trio.CancelScope()
+) -> bool:
+    """Answer INIT, tune the kernel, hand the mount to the serving processes and supervise
+    them until unmounted or told to stop (True), or until none is left (False)."""
+    stop = trio.CancelScope()
+    served = True
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal, serving_scope.cancel)
-        if servers is not None:
-            if not servers.in_turn:
-                nursery.start_soon(servers.watch)  # in turn, _serve supervises them
-            nursery.start_soon(_publish_statistics, serving)
-        nursery.start_soon(pool.watch)
-        init_answered = trio.Event()
-        nursery.start_soon(tune_kernel, init_answered)
-        nursery.start_soon(report_indexing)
-        nursery.start_soon(release_catalogue_pages)
-
-        def ready() -> None:
+        nursery.start_soon(_stop_on_signal, stop.cancel)
+        nursery.start_soon(supervisor.publish)
+        with stop:
+            mount_fd = mount_device_fd()
+            # Its own descriptor, and before any clone exists: a clone could read INIT.
+            await answer_init(mount_fd)
+            # Only once the INIT exchange is over: the kernel's reply handling resets
+            # read-ahead.  (Never by a statvfs of the mount, which waits for a serving
+            # process to answer: a supervisor whose mount was detached would hang in it.)
+            _tune_kernel(supervisor.kernel, mountpoint, options, user)
+            supervisor.hand_mount(mount_fd)
+            await supervisor.wait_ready(options.read_timeout_seconds)
+            supervisor.publish_now()  # .cutfs/stats shows them ready as the mount is
             on_ready()
             _notify_systemd("READY=1")
-
-        with serving_scope:
-            await _serve(servers, serving, user, ready, init_answered)
-        pool.retire()  # what is still running is cancelled now, here and in system tasks
+            served = await supervisor.supervise(mount_fd)
         nursery.cancel_scope.cancel()
+    return served
 
 
-async def _publish_statistics(serving: ServingStack) -> None:
-    with serving_doorbell(serving) as doorbell:
-        await publish_statistics(serving, doorbell)
-
-
-async def _serve(
-    servers: ServingProcesses | None,
-    serving: ServingStack,
-    user: ServingUser | None,
-    ready: Callable[[], None],
-    init_answered: trio.Event,
+def _tune_kernel(
+    outcomes: dict[str, str], mountpoint: str, options: MountOptions, user: ServingUser | None
 ) -> None:
-    """Serve through the mount's descriptor with a :class:`DeviceChannel`, and through
-    clones of it in the serving processes, if any; ``ready`` is called once requests are
-    answered (when the processes decode in turn, once they serve), ``init_answered`` is
-    set once the kernel has the daemon's answer to its INIT.
-
-    pyfuse3 mounted and will unmount, but its loop never runs (see
-    :mod:`cutfs.vfs.fuse.device_channel` for why): the daemon answers the kernel's INIT
-    itself, before any clone exists.
-    """
-    mount_fd = mount_device_fd()
-    channel = DeviceChannel(mount_fd, serving.operations, serving.mountpoint)
-    if servers is None or not servers.in_turn:
-        ready()  # requests wait for the INIT answer, which comes next
-    await channel.answer_init()
-    init_answered.set()  # the kernel handled the reply as the daemon wrote it
-    if servers is not None:
-        with as_root(user):
-            servers.start(mount_fd)
-        if servers.in_turn:
-            await servers.wait_ready(serving.pool.deadline_seconds)
-            ready()
-            if await servers.supervise(mount_fd):
-                return
-            log.error(
-                "no serving process is left (each died before it served): the daemon "
-                "serves the mount itself from now on, with one decoder worker"
-            )
-    await channel.serve()
+    """Apply the read-ahead and background limits to the mount; ``outcomes`` gets what
+    each setting came to."""
+    read_ahead_kb = _read_ahead_kb(options, user)
+    if read_ahead_kb is None and options.max_background is None:
+        return
+    outcomes.update(kernel_tuning.apply(mountpoint, read_ahead_kb, options.max_background))
+    for setting, outcome in outcomes.items():
+        log.info("kernel setting %s: %s", setting, outcome)
 
 
 def _shared_directory(stack: ExitStack, user: ServingUser | None) -> str:
     """A private directory of what the serving processes share, removed at exit.
 
-    The directory and the time-range table are root's (every process opens the
-    table before it acts as the user): its numbers name recordings and frames.  The
-    statistics and the snapshots are written as the user the daemon reads as, into
-    subdirectories of that user's: that user could alter the figures
-    ``.cutfs/stats`` shows, which are only parsed, bounded and shown.
+    The directory, the time-range table and the supervisor's figures are root's
+    (every serving process opens the table before it drops its privileges): the
+    table's numbers name recordings and frames.  The statistics, the snapshots and
+    the scratch files (what spills to disk while a catalogue or a manifest is built)
+    are written by the serving processes, as the user the mount reads as, into
+    subdirectories of that user's, which the supervisor never opens.
     """
     directory = tempfile.mkdtemp(prefix="cutfs-serving-")
     stack.callback(shutil.rmtree, directory, ignore_errors=True)
     SharedSpanTable.create(shared_spans_path(directory))
-    for subdirectory in (shared_board_path(directory), shared_snapshots_path(directory)):
+    os.mkdir(shared_supervisor_directory(directory), mode=0o755)
+    for subdirectory in users_shared_paths(directory):
         os.mkdir(subdirectory, mode=0o700)
         if user is not None:
             os.chown(subdirectory, user.uid, user.gid)
     if user is not None:
         os.chmod(directory, 0o711)  # the user reaches its subdirectories, lists nothing
     return directory
-
-
-#: How often the first indexing of a source served in place is reported in the log.
-_INDEXING_REPORT_SECONDS = 10.0
-
-
-def _indexing_reporter(frames: FrameSource, library: Library) -> Callable[[], Awaitable[None]]:
-    """A task that logs indexing progress every 10 s while recordings are being indexed
-    (the first ``ls -l`` of a large source served in place indexes every recording)."""
-
-    async def report() -> None:
-        started: float | None = None
-        while True:
-            await trio.sleep(_INDEXING_REPORT_SECONDS)
-            busy = frames.recordings_being_indexed
-            if not busy:
-                started = None
-                continue
-            started = started if started is not None else trio.current_time()
-            described = library.describe()
-            log.info(
-                "indexing: %s of %d recordings indexed, %d in progress (%.0f s)",
-                described.get("recordings_indexed", "?"),
-                len(library.recording_ids),
-                busy,
-                trio.current_time() - started + _INDEXING_REPORT_SECONDS,
-            )
-
-    return report
 
 
 async def _stop_on_signal(stop_serving: Callable[[], None]) -> None:

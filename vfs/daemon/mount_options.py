@@ -211,9 +211,10 @@ class MountOptions:
         None,
         "--serving-processes",
         "processes answering the mount's requests, which decode what they serve, one "
-        "request at a time; the daemon besides them keeps the read timeout and replaces a "
-        "process that crashes; with --no-decode-in-turn, event loops that hand decoding to "
-        "the workers, the daemon included (workers and cache size are split among them)",
+        "request at a time; the daemon besides them (the supervisor, which alone keeps "
+        "root) keeps the read timeout and replaces a process that crashes or stops; with "
+        "--no-decode-in-turn, event loops that hand decoding to the workers (workers and "
+        "cache size are split among them)",
         parse=int,
         metavar="N",
         default_text=f"the cores the daemon may use, at most {DEFAULT_PROCESSES_IN_TURN}; "

@@ -1,10 +1,10 @@
 """What one serving process of a mount holds: library, decoders, cache, filesystem.
 
-The daemon builds one; each extra serving process of ``--serving-processes``
-builds its own from the same source and options (see
-:mod:`cutfs.vfs.daemon.serving_process`), with its share of the decoder workers and
-of the block cache, so that the memory of a mount stays what was configured
-however many processes serve it.
+Each serving process of ``--serving-processes`` builds its own from the same
+source and options (see :mod:`cutfs.vfs.daemon.serving_process`), with its share
+of the decoder workers and of the block cache, so that the memory of a mount
+stays what was configured however many processes serve it.  The supervisor
+builds none: it never opens the source.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ from cutfs.vfs.daemon.serving_user import ServingUser
 from cutfs.vfs.frames.block_cache import BlockCache
 from cutfs.vfs.frames.decode_pool import DecodePool
 from cutfs.vfs.frames.frame_source import FrameSource
+from cutfs.vfs.frames.zygote import Zygote
 from cutfs.vfs.fuse.operations import Operations
 from cutfs.vfs.stats.prometheus import render_metrics
 from cutfs.vfs.stats.statistics import Statistics
 from cutfs.vfs.stats.statistics_board import StatisticsBoard
 from cutfs.vfs.tree.filesystem import Filesystem
 from cutfs.vfs.tree.snapshot_store import SnapshotStore
+from cutfs.vfs.tree.span_table import SharedSpanTable
 
 if TYPE_CHECKING:
     from cutfs.vfs.daemon.mount_options import MountOptions
@@ -44,17 +46,10 @@ class ProcessShare:
     @classmethod
     def of(cls, options: MountOptions, processes: int) -> ProcessShare:
         """An even split of ``options`` among ``processes`` (at least one worker each,
-        unless the mount decodes in the daemon).  Processes that decode in turn have no
-        workers."""
+        unless the mount decodes in threads, ``--workers 0``).  Processes that decode in
+        turn have no workers."""
         workers = 0 if options.workers == 0 else max(1, -(-options.workers // processes))
         return cls(0 if options.decode_in_turn else workers, options.cache_bytes // processes)
-
-    @classmethod
-    def of_daemon(cls, options: MountOptions, processes: int) -> ProcessShare:
-        """The daemon's part: as :meth:`of`, but with one decoder worker when the
-        processes decode in turn (the daemon serves only if none of them can)."""
-        share = cls.of(options, processes)
-        return cls(1, share.cache_bytes) if options.decode_in_turn else share
 
 
 @dataclass
@@ -97,9 +92,10 @@ class ServingStack:
         kernel: dict[str, str],
         extra_status: Callable[[], dict[str, Any]] = dict,
         board: StatisticsBoard | None = None,
-        shared_spans: str | None = None,
+        shared_spans: SharedSpanTable | None = None,
         snapshot_dir: str | None = None,
         in_turn: RequestSlot | None = None,
+        zygote: Zygote | None = None,
     ) -> ServingStack:
         """Start the decoder workers and build the filesystem over ``library``.
 
@@ -110,7 +106,8 @@ class ServingStack:
         ``shared_spans`` is the time-range table they share and ``snapshot_dir``
         where they keep the snapshots of ``.cutfs/stats`` each open reads.
         ``in_turn``: this process decodes in turn, watched through this slot (see
-        :class:`DecodePool`).
+        :class:`DecodePool`).  ``zygote``: what forks the decoder workers, if this
+        process may not spawn them.
         """
         statistics = Statistics()
         pool = DecodePool(
@@ -122,6 +119,7 @@ class ServingStack:
             policy=policy,
             user=user,
             in_turn=in_turn,
+            zygote=zygote,
         )
         stack.callback(pool.close)
         pool.start()  # the workers start while the tree is built
@@ -136,7 +134,7 @@ class ServingStack:
                 "store": pool.store_counters(),
                 "views": {"time_ranges": filesystem.time_ranges},
                 "indexing": {"in_progress": frames.recordings_being_indexed},
-                # Only the daemon tunes the kernel: the other processes show its outcomes.
+                # Only the supervisor tunes the kernel: the processes show its outcomes.
                 **({"kernel": dict(kernel)} if kernel else {}),
                 **extra_status(),
             }
@@ -154,7 +152,6 @@ class ServingStack:
 
         def metrics() -> bytes:
             total, total_sections = combined()
-            total_sections.pop("serving", None)
             total_sections.pop("kernel", None)
             return render_metrics(total, total_sections).encode()
 

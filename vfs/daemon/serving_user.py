@@ -3,27 +3,25 @@
 Mounting needs root (or the setuid fusermount3); reading a source does not.
 A daemon started as root therefore reads everything that comes from the
 source with the rights of one user: the owner of SOURCE, or ``--user``.
+Every process that reads what comes from the source (serving processes, the
+zygote, decoder workers) becomes that user entirely (real, effective and saved
+ids, and its groups) and sets ``no_new_privs`` before it opens anything
+(:func:`drop_privileges`); only the supervisor keeps root, and it opens
+nothing of the source (see :mod:`cutfs.vfs.daemon.supervisor`).
 
-* Decoder workers become that user entirely (real, effective and saved ids,
-  and its groups) before they open anything: they parse media from other
-  people, and nothing they do needs root.
-* The daemon process itself switches only its *effective* ids to that user
-  while it reads the source and while it serves; it keeps root as its saved
-  id, which it takes back for the few things that need it (mounting, kernel
-  tuning through sysfs, unmounting at exit).
-
-A source owned by root is read as root (it is the administrator's own), unless
-``--user`` names someone else; a source that users besides its owner can write
+A source owned by root is read as root (it is the administrator's own), by
+processes that keep root's ids but drop every capability, unless ``--user``
+names someone else; a source that users besides its owner can write
 (a group- or world-writable directory, like ``/tmp``) is refused unless ``--user``
 says whom to read it as.  A command never runs in a process that has root in
-any of its ids (see :mod:`cutfs.codec.trust.source_policy`), so ``--workers 0`` (decoding
-in the daemon, which keeps root to unmount) is refused for a serving user.  See
-"Security model" in docs/operations.md.
+any of its ids (see :mod:`cutfs.codec.trust.source_policy`).  See "Security model"
+in docs/operations.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import grp
 import logging
@@ -34,6 +32,9 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from pathlib import Path
+from typing import Any
 
 from cutfs.codec.trust.command_runner import kill_group
 
@@ -88,18 +89,25 @@ class ServingUser:
         return self.uid == 0
 
     def become(self) -> None:
-        """Become this user for good (a decoder worker, before it opens anything).
-
-        Needs root as the real or effective user (a worker started while the
-        daemon acts as the user has root as its real id); afterwards no id of
-        the process is root.
+        """Become this user for good (a serving process or a decoder worker, before it
+        opens anything): real, effective and saved ids and groups, which leaves the
+        process no capability.  Nothing to do in a process that is this user already
+        (a decoder worker started by a serving process); else it needs root.
         """
-        if os.geteuid() != 0 and os.getuid() == 0:
-            os.seteuid(0)
+        if self.is_current():
+            return
         preload_modules()
         os.setgroups(list(self.groups))
         os.setresgid(self.gid, self.gid, self.gid)
         os.setresuid(self.uid, self.uid, self.uid)
+
+    def is_current(self) -> bool:
+        """Whether this process is this user in every id (and has its groups)."""
+        return (
+            os.getresuid() == (self.uid,) * 3
+            and os.getresgid() == (self.gid,) * 3
+            and set(os.getgroups()) <= set(self.groups)
+        )
 
     def kill_group(self, group: int) -> bool:
         """SIGKILL process group ``group`` from a child process with only this user's ids
@@ -163,6 +171,77 @@ def preload_modules() -> None:
     pa.schema([("preload", pa.int8())]).empty_table()
 
 
+def drop_privileges(user: ServingUser | None) -> None:
+    """Make this process one that may never gain a privilege: ``user`` in every id (see
+    :meth:`ServingUser.become`; ``None``: it stays who it is, and if that is root it loses
+    every capability), and ``no_new_privs``, so
+    that nothing it starts gains rights by executing a setuid program or a file with
+    capabilities.  Every process that reads what a source holds calls it first.
+
+    It also leaves the resource tracker of whoever spawned it: ``multiprocessing``
+    hands every process it spawns a pipe to that tracker, a process of root's in a
+    mount, which acts on the lines it reads (it unlinks what they name at exit).  If
+    the process ever needs a tracker, ``multiprocessing`` starts one of its own."""
+    _leave_resource_tracker()
+    if user is not None:
+        user.become()
+    elif os.geteuid() == 0:
+        _drop_capabilities()
+    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cannot set no_new_privs")
+
+
+def _drop_capabilities() -> None:
+    """Leave a process that stays root (it reads root's own source) with no capability:
+    none in its bounding set (so that executing a program gives none back, root's rule),
+    none ambient, permitted, effective or inheritable.  It keeps what root owns (root's
+    files, by their owner bits) and loses the rest: other users' files, signalling or
+    tracing their processes, the kernel's privileged calls."""
+    last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    for capability in range(last + 1):
+        if _libc.prctl(_PR_CAPBSET_READ, capability, 0, 0, 0) == 0:
+            continue  # dropped already (a decoder forked from a process without any)
+        if _libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot drop capability {capability}")
+    if _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cannot clear the ambient capabilities")
+    header = _CapabilityHeader(_CAPABILITY_VERSION_3, 0)
+    nothing = (_CapabilityData * 2)()
+    if _libc.capset(ctypes.byref(header), nothing) != 0:
+        raise OSError(ctypes.get_errno(), "cannot drop the capabilities")
+
+
+class _CapabilityHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapabilityData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+_CAPABILITY_VERSION_3 = 0x20080522
+_PR_CAPBSET_READ = 23
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+
+def _leave_resource_tracker() -> None:
+    tracker: Any = resource_tracker._resource_tracker  # no public way to leave it
+    if tracker._fd is not None:
+        os.close(tracker._fd)
+        tracker._fd = None
+        tracker._pid = None
+
+
+_PR_SET_NO_NEW_PRIVS = 38
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
 def act_as_root() -> None:
     """Take root back as the effective user (the saved id must be root)."""
     os.seteuid(0)
@@ -182,19 +261,6 @@ def acting_as(user: ServingUser | None) -> Iterator[None]:
         yield
     finally:
         act_as_root()
-
-
-@contextmanager
-def as_root(user: ServingUser | None) -> Iterator[None]:
-    """Run a block as root in a daemon that otherwise acts as ``user``."""
-    if user is None:
-        yield
-        return
-    act_as_root()
-    try:
-        yield
-    finally:
-        user.act_as()
 
 
 def kill_command_group(user: ServingUser | None, group: int) -> None:

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Final
+from typing import Final, Protocol
 
 import numpy as np
 import trio
@@ -48,8 +48,9 @@ from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.library import Library, LibrarySpec
 from cutfs.codec.trust.command_runner import announce_groups_to
 from cutfs.codec.trust.source_policy import SourcePolicy
+from cutfs.vfs.daemon.process_name import name_process
 from cutfs.vfs.daemon.request_slot import RequestSlot
-from cutfs.vfs.daemon.serving_user import ServingUser, as_root, kill_command_group
+from cutfs.vfs.daemon.serving_user import ServingUser, drop_privileges, kill_command_group
 from cutfs.vfs.frames.worker_message import (
     MOST_MESSAGE_BYTES,
     Answer,
@@ -63,6 +64,7 @@ from cutfs.vfs.frames.worker_message import (
     decode,
     encode,
 )
+from cutfs.vfs.frames.zygote import Zygote
 from cutfs.vfs.stats.statistics import Statistics
 
 log = logging.getLogger("cutfs.decode_pool")
@@ -113,11 +115,14 @@ class DecodePool:
         policy: SourcePolicy | None = None,
         user: ServingUser | None = None,
         in_turn: RequestSlot | None = None,
+        zygote: Zygote | None = None,
     ) -> None:
         """``policy`` is what the library was opened with; ``user``, when given, is
         whom the worker processes become before they open it (see
         :mod:`cutfs.vfs.daemon.serving_user`).  ``in_turn``: decode in the caller, and give
-        indexing its longer deadline through this slot (``workers`` must be 0)."""
+        indexing its longer deadline through this slot (``workers`` must be 0).
+        ``zygote``: fork the workers from it instead of spawning them (a caller that
+        dropped its privileges, see :mod:`cutfs.vfs.frames.zygote`)."""
         if in_turn is not None and workers:
             raise ValueError("a pool decoding in the caller has no workers")
         self._in_turn = in_turn
@@ -130,7 +135,7 @@ class DecodePool:
         self._user = user
         setup = _WorkerSetup(library.spec, library.identity, profile, policy, user)
         self._store_counts: dict[str, int] = {}
-        self._workers = [_Worker(setup) for _ in range(workers)]
+        self._workers = [_Worker(setup, zygote) for _ in range(workers)]
         self._idle = list(self._workers)
         self._available = trio.Semaphore(len(self._workers)) if workers else None
         self._threads = trio.CapacityLimiter(2)
@@ -367,10 +372,7 @@ class DecodePool:
         log.warning("decoder worker %s %s: replacing it%s", worker.pid, reason, because)
         self._restarts += 1
         worker.stop()
-        # A daemon serving as its user starts workers as root, as at mount: the
-        # interpreter may not be readable by the user, and the worker drops by itself.
-        with as_root(self._user if os.geteuid() != 0 else None):
-            worker.start()
+        worker.start()
         return words
 
     def _recording_id(self, request: _Request) -> str:
@@ -398,16 +400,56 @@ class _WorkerSetup:
     user: ServingUser | None
 
 
+class _WorkerProcess(Protocol):
+    """A decoder process: a child spawned by ``multiprocessing``, or forked by a zygote."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def is_alive(self) -> bool: ...
+
+    def kill(self) -> None: ...
+
+    def release(self) -> bool:
+        """Free what is kept of the process once it has ended; whether it has."""
+        ...
+
+
+class _SpawnedProcess:
+    """A decoder process this process spawned (and reaps)."""
+
+    def __init__(self, process: BaseProcess) -> None:
+        self._process = process
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def is_alive(self) -> bool:
+        return self._process.is_alive()
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def release(self) -> bool:
+        self._process.join(timeout=0)
+        if self._process.exitcode is None:
+            return False
+        self._process.close()
+        return True
+
+
 class _Worker:
     """One decoder process and the parent's end of its pipe."""
 
-    def __init__(self, setup: _WorkerSetup) -> None:
+    def __init__(self, setup: _WorkerSetup, zygote: Zygote | None) -> None:
         self._setup = setup
+        self._zygote = zygote
         #: Process groups of the commands the current request started.
         self.command_groups: set[int] = set()
-        self._process: BaseProcess | None = None
+        self._process: _WorkerProcess | None = None
         self._connection: Connection | None = None
-        self._exited: list[BaseProcess] = []
+        self._exited: list[_WorkerProcess] = []
         #: The PCM buffer shared with the current process (a memfd, mapped on both sides).
         self._pcm: mmap.mmap | None = None
 
@@ -421,16 +463,21 @@ class _Worker:
         return self._connection
 
     def start(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        parent_end, child_end = context.Pipe()
-        self._process = context.Process(
-            target=_worker_main,
-            args=(child_end, self._setup),
-            daemon=True,
-            name="cutfs-decoder",
-        )
-        self._process.start()
-        child_end.close()
+        if self._zygote is not None:
+            parent_end, forked = self._zygote.fork(_worker_main, (self._setup,))
+            self._process = forked
+        else:
+            context = multiprocessing.get_context("spawn")
+            parent_end, child_end = context.Pipe()
+            spawned = context.Process(
+                target=_worker_main,
+                args=(child_end, self._setup),
+                daemon=True,
+                name="cutfs-decoder",
+            )
+            spawned.start()
+            child_end.close()
+            self._process = _SpawnedProcess(spawned)
         self._connection = parent_end
         # The buffer goes to the worker as a descriptor over the pipe (a socket pair):
         # no name in a file system, nothing to clean up, and it works whoever the worker
@@ -501,8 +548,8 @@ class _Worker:
             self._connection.close()
             self._connection = None
         process = self._process
-        if process is not None and process.is_alive() and process.pid is not None:
-            os.kill(process.pid, signal.SIGKILL)
+        if process is not None and process.is_alive():
+            process.kill()
         for group in self.command_groups:  # they would outlive the worker
             kill_command_group(self._setup.user, group)
         self.command_groups.clear()
@@ -513,9 +560,7 @@ class _Worker:
             self._pcm.close()
             self._pcm = None
         for process in list(self._exited):
-            process.join(timeout=0)
-            if process.exitcode is not None:
-                process.close()
+            if process.release():
                 self._exited.remove(process)
 
 
@@ -541,13 +586,13 @@ def _worker_main(connection: Connection, setup: _WorkerSetup) -> None:
     which the pool sees as a dead worker.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
+    name_process("cutfs-decoder")
     profile = setup.profile
     descriptor = multiprocessing.reduction.recv_handle(connection)
     pcm = mmap.mmap(descriptor, PCM_BUFFER_BYTES)
     os.close(descriptor)
     try:
-        if setup.user is not None:
-            setup.user.become()
+        drop_privileges(setup.user)
         library = setup.library.open(setup.policy)  # recordings only: no cuts
         if library.identity != setup.identity:
             raise ShardFormatError(

@@ -2,8 +2,8 @@
 
 Every mount is served through a :class:`DeviceChannel`: pyfuse3 mounts and
 unmounts, but its loop never runs.  The channel speaks the kernel's protocol
-itself: it answers INIT (:meth:`DeviceChannel.answer_init`, once, on the
-mount's own descriptor), then reads each request, calls the
+itself: the supervisor answers INIT (:func:`answer_init`, once, on the
+mount's own descriptor), then the channel of each serving process reads each request, calls the
 :class:`Operations` method pyfuse3 would call, and writes the reply, so errors
 become errno values in one place, ``Operations``.  Two things need the
 channel rather than pyfuse3's loop:
@@ -160,6 +160,48 @@ def write_reply(device_fd: int, unique: int, error: int, pieces: ReadBuffers) ->
             raise
 
 
+async def answer_init(device_fd: int) -> None:
+    """Wait for the kernel's INIT request on ``device_fd`` and answer it.
+
+    Called by the supervisor on the mount's own descriptor before any clone
+    exists (a clone could read INIT too).  What it reads comes from the kernel,
+    never from a user.  Raises :class:`OSError` if the mount went away first, if the
+    first request is not INIT, or if the kernel's protocol is older than 7.31.
+    """
+    os.set_blocking(device_fd, False)
+    buffer = bytearray(_READ_BUFFER_BYTES)
+    while True:
+        await trio.lowlevel.wait_readable(device_fd)
+        try:
+            size = os.readv(device_fd, [buffer])
+        except (BlockingIOError, InterruptedError):
+            continue
+        if size >= _IN_HEADER.size:
+            break
+    request = _Request.parse(bytes(memoryview(buffer)[:size]))
+    if request.opcode != _INIT:
+        raise OSError(errno.EPROTO, "the kernel's first request was not INIT")
+    major, minor, max_readahead, offered = _INIT_IN.unpack_from(request.body)
+    if (major, minor) < (_MAJOR, _MINOR):
+        write_reply(device_fd, request.unique, -errno.EPROTO, [])
+        raise OSError(errno.EPROTO, f"FUSE protocol {major}.{minor} is older than 7.31")
+    reply = _INIT_OUT.pack(
+        _MAJOR,
+        _MINOR,
+        max_readahead,
+        offered & _INIT_FLAGS,
+        0,  # max_background and congestion threshold: the kernel's defaults
+        0,
+        _MAX_WRITE_BYTES,
+        1,  # time granularity: nanoseconds
+        _MAX_PAGES,
+        0,
+        0,
+    )
+    write_reply(device_fd, request.unique, 0, [reply])
+    log.debug("answered INIT of FUSE %d.%d: flags %#x", major, minor, offered & _INIT_FLAGS)
+
+
 def _seconds_split(seconds: float) -> tuple[int, int]:
     whole = int(seconds)
     return whole, int((seconds - whole) * 1e9)
@@ -259,36 +301,6 @@ class DeviceChannel:
             _RELEASEDIR: self._releasedir,
             _STATFS: self._statfs,
         }
-
-    async def answer_init(self) -> None:
-        """Wait for the kernel's INIT request and answer it (on the mount's own descriptor,
-        before any clone is made: a clone could read it too).
-
-        Raises :class:`OSError` if the first request is not INIT or the kernel's protocol
-        is older than 7.31.
-        """
-        request = await self._next_request()
-        if request is None or request.opcode != _INIT:
-            raise OSError(errno.EPROTO, "the kernel's first request was not INIT")
-        major, minor, max_readahead, offered = _INIT_IN.unpack_from(request.body)
-        if (major, minor) < (_MAJOR, _MINOR):
-            self._reply(request.unique, -errno.EPROTO, b"")
-            raise OSError(errno.EPROTO, f"FUSE protocol {major}.{minor} is older than 7.31")
-        reply = _INIT_OUT.pack(
-            _MAJOR,
-            _MINOR,
-            max_readahead,
-            offered & _INIT_FLAGS,
-            0,  # max_background and congestion threshold: the kernel's defaults
-            0,
-            _MAX_WRITE_BYTES,
-            1,  # time granularity: nanoseconds
-            _MAX_PAGES,
-            0,
-            0,
-        )
-        self._reply(request.unique, 0, reply)
-        log.debug("answered INIT of FUSE %d.%d: flags %#x", major, minor, offered & _INIT_FLAGS)
 
     async def serve(self) -> None:
         """Serve until the mount goes away (the device then reads ``ENODEV``)."""

@@ -48,7 +48,7 @@ _LABEL_UNSAFE: Final = re.compile(r'[\\"\n]')
 def render_metrics(statistics: Statistics, sections: Mapping[str, Mapping[str, Any]]) -> str:
     """The exposition text: counters, errors, requests and latencies from ``statistics``;
     gauges (counters for ``store``) from ``sections`` (``cache``, ``workers``, ``shards``,
-    ``store``, ``views``: name -> number)."""
+    ``store``, ``views``, ``serving``: name -> number; other values are left out)."""
     lines: list[str] = []
     lines += _family(
         "cutfs_uptime_seconds",
@@ -101,6 +101,7 @@ _SECTION_HELP: Final = {
     "store": "A figure of the mount's byte store (named by the metric).",
     "views": "A figure of the mount's views (named by the metric).",
     "indexing": "A figure of the mount's indexing of recordings (named by the metric).",
+    "serving": "A figure of the mount's supervisor and serving processes (named by the metric).",
 }
 _OTHER_HELP: Final = "A figure of the mount (named by the metric)."
 #: Fields of the sections that only ever grow.

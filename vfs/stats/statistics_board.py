@@ -58,14 +58,24 @@ _TEXT: Final = re.compile(r"[ -~]{0,200}")
 class StatisticsBoard:
     """One process's view of the board: it publishes its own file and reads the others'."""
 
-    def __init__(self, directory: str, index: int, processes: int) -> None:
+    def __init__(
+        self, directory: str, index: int, processes: int, supervisor_file: str | None = None
+    ) -> None:
+        """The board in ``directory`` of ``processes`` publishers, seen by the one numbered
+        ``index``.  Publisher 0 is the supervisor, whose file is ``supervisor_file`` when
+        given: a file of root's in root's own directory, which the serving processes read
+        and only root writes (its ``serving`` and ``kernel`` sections, and the requests it
+        failed)."""
         self._directory = directory
         self._index = index
         self._processes = processes
+        self._supervisor_file = supervisor_file
         self._sequence = 0
         self._doorbell: Doorbell | None = None
 
     def _path(self, index: int) -> str:
+        if index == 0 and self._supervisor_file is not None:
+            return self._supervisor_file
         return os.path.join(self._directory, f"{index}.json")
 
     def _doorbell_path(self, index: int) -> str:
@@ -90,7 +100,9 @@ class StatisticsBoard:
         }
         path = self._path(self._index)
         try:
-            replace_file(path, json.dumps(state).encode(), path + ".new")
+            # The supervisor's file is read by the serving processes, which run as a user.
+            mode = 0o644 if path == self._supervisor_file else 0o600
+            replace_file(path, json.dumps(state).encode(), path + ".new", mode)
         except OSError as exc:
             log.warning("cannot publish this process's statistics: %s", exc)
 

@@ -58,6 +58,7 @@ from cutfs.vfs.tree.cuts_view import CUTS_DIR, CutsView
 from cutfs.vfs.tree.manifest_files import ManifestFiles
 from cutfs.vfs.tree.manifests_view import ManifestsView, WavScp
 from cutfs.vfs.tree.recordings_view import RecordingsView
+from cutfs.vfs.tree.span_table import SharedSpanTable
 from cutfs.vfs.tree.view import CUT_INODE_BASE, ROOT_INODE, AudioSpan, Entry, NodeKind, View
 from cutfs.vfs.tree.windows_view import Windows, WindowsView
 
@@ -123,12 +124,13 @@ class Filesystem:
         windows: Windows | None = None,
         output_format: OutputFormat | None = None,
         metrics: Callable[[], bytes] | None = None,
-        shared_spans: str | None = None,
+        shared_spans: SharedSpanTable | None = None,
     ) -> None:
         """``status`` renders ``.cutfs/stats`` (JSON) and ``metrics`` ``.cutfs/metrics``
         (Prometheus' text format); without ``status`` there is no ``.cutfs``.
         ``shared_spans`` is the time-range table shared by the processes serving the
-        mount, if several do (see :class:`cutfs.vfs.tree.span_table.SharedSpanTable`)."""
+        mount (see :class:`cutfs.vfs.tree.span_table.SharedSpanTable`), opened by the
+        caller."""
         self._library = library
         self._format = output_format or OutputFormat()
         self._frames = frame_source

@@ -43,17 +43,15 @@ class RecordingsView(View):
         library: Library,
         tree: FileTree,
         shape_of: ShapeOf,
-        shared_spans: str | None = None,
+        shared_spans: SharedSpanTable | None = None,
     ) -> None:
-        """``shared_spans``: the file of a :class:`SharedSpanTable`, when several processes
-        serve the mount (else the time ranges are this process's own)."""
+        """``shared_spans``: the :class:`SharedSpanTable` of the processes that serve the
+        mount (None: the time ranges are this process's own)."""
         self._library = library
         self._tree = tree
         self._shape_of = shape_of
         self._spans: SpanTable | SharedSpanTable = (
-            SpanTable(SPAN_INODE_BASE)
-            if shared_spans is None
-            else SharedSpanTable(shared_spans, SPAN_INODE_BASE)
+            SpanTable(SPAN_INODE_BASE) if shared_spans is None else shared_spans
         )
         count = tree.item_count
         self.inode_ranges = (

@@ -1,0 +1,433 @@
+"""The supervisor: the one process of a mount that keeps root, and parses nothing.
+
+A mount is served by a supervisor and N serving processes
+(:mod:`cutfs.vfs.daemon.serving_process`).  The supervisor holds what needs
+privilege: it mounts (through pyfuse3, whose loop never runs), answers the
+kernel's INIT, tunes the kernel, starts serving processes and replacements,
+answers ``EIO`` for the requests of the ones it kills or that die, and
+unmounts.  It never opens the source, its manifests, tables, shards or media:
+the serving processes do, as the serving user with no capability.  What it
+reads from them is fixed-size or bounded and checked: a report of a few
+bytes (:class:`~cutfs.vfs.daemon.serving_process.OpenedReport`), the word
+"ready", the numbers of their request slots
+(:class:`~cutfs.vfs.daemon.request_slot.RequestSlot`), and log records
+through :mod:`cutfs.vfs.daemon.log_channel`.
+
+Faults: a serving process that dies fails only the request it was answering
+(answered ``EIO`` here, with the copy of its descriptor the supervisor keeps;
+the kernel ends anything else it had read once that copy is closed) and is
+started again; one that dies before it serves is tried three times.  One past
+its request's deadline, or that has not run for the read timeout (at most
+10 s: stopped by its user, hung), is killed and replaced.  When none is left
+the supervisor unmounts: a mount nobody serves must not hang its readers.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import multiprocessing
+import os
+import select
+import socket
+import time
+from dataclasses import replace
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Final
+
+import trio
+
+from cutfs.vfs.daemon.log_channel import LogChannel
+from cutfs.vfs.daemon.request_slot import RequestSlot
+from cutfs.vfs.daemon.serving_process import (
+    MOST_MESSAGE_BYTES,
+    READY,
+    FailedReport,
+    OpenedReport,
+    ServingSetup,
+    decode_report,
+    serving_main,
+    shared_board_path,
+    shared_supervisor_path,
+)
+from cutfs.vfs.daemon.serving_user import kill_command_group
+from cutfs.vfs.fuse.device_channel import clone_device, write_reply
+from cutfs.vfs.stats.statistics import Statistics
+from cutfs.vfs.stats.statistics_board import StatisticsBoard
+
+log = logging.getLogger("cutfs.supervisor")
+
+#: How often the supervisor looks at its serving processes.
+_WATCH_SECONDS: Final = 0.25
+#: How often it publishes its figures for ``.cutfs/stats``.
+_PUBLISH_SECONDS: Final = 1.0
+#: How many times in a row a process may die before it serves.
+_TRIES_BEFORE_SERVING: Final = 3
+#: The longest a serving process may go without running (while it holds no request).
+_MOST_SILENT_SECONDS: Final = 10.0
+
+
+class ServingFailedError(Exception):
+    """The first serving process could not open the source; says why in one line."""
+
+    def __init__(self, message: str, at_source: bool) -> None:
+        super().__init__(message)
+        self.at_source = at_source
+
+
+def mount_device_fd() -> int:
+    """This process's descriptor of /dev/fuse (pyfuse3 does not expose its session's)."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
+                found.append(int(name))
+        except OSError:
+            continue
+    if len(found) != 1:
+        raise OSError(f"expected one /dev/fuse descriptor in the daemon, found {len(found)}")
+    return found[0]
+
+
+class _Server:
+    """One serving process, seen from the supervisor."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.process: BaseProcess | None = None
+        self.started = 0.0
+        self._connection: Connection | None = None
+        self._ready = False
+        #: The process's clone of the mount's descriptor, kept to answer its request if it
+        #: dies or is killed, and the slot saying which request that is.
+        self._device: int | None = None
+        self._slot: RequestSlot | None = None
+        #: A request seen past its deadline at the last check (acted on at the second).
+        self._overdue: int | None = None
+        #: Whether the process was seen silent at the last check (acted on at the second).
+        self._silent = False
+        #: How many times in a row the process died before it said it serves.
+        self.deaths_before_serving = 0
+        #: Processes killed and not reaped yet.
+        self._exited: list[BaseProcess] = []
+
+    def start(self, setup: ServingSetup, log_writer: socket.socket) -> None:
+        """Start the process; it opens the source and waits for :meth:`hand_device`."""
+        self._reap()
+        context = multiprocessing.get_context("spawn")
+        parent_end, child_end = context.Pipe()
+        slot = RequestSlot.create()
+        try:
+            self.process = context.Process(
+                target=serving_main,
+                args=(child_end, setup, self.index, log_writer),
+                daemon=False,  # it starts decoder workers; it dies with the supervisor instead
+                name=f"cutfs-serving-{self.index}",
+            )
+            self.process.start()
+            child_end.close()
+            reduction.send_handle(parent_end, slot.descriptor, self.process.pid)
+        except BaseException:
+            slot.close()
+            parent_end.close()
+            raise
+        self._slot = slot
+        self.started = time.monotonic()
+        self._connection = parent_end
+        self._ready = False
+        self._overdue = None
+        self._silent = False
+
+    def hand_device(self, mount_fd: int) -> None:
+        """Give the process its clone of ``mount_fd`` (once INIT is answered); a copy is
+        kept.  A process that is gone already is left to the watch."""
+        if self.process is None or self._connection is None or self._device is not None:
+            return
+        clone = clone_device(mount_fd)
+        try:
+            reduction.send_handle(self._connection, clone, self.process.pid)
+        except OSError as exc:
+            os.close(clone)
+            log.warning("serving process %d did not take the mount: %s", self.index, exc)
+            return
+        self._device = clone
+
+    def wait_report(self) -> OpenedReport:
+        """Wait for the process's report on the source; raises :class:`ServingFailedError`."""
+        connection, process = self._connection, self.process
+        assert connection is not None and process is not None
+        while not connection.poll(0.5):
+            if not process.is_alive():
+                raise ServingFailedError(
+                    f"the serving process exited with status {process.exitcode} before it "
+                    "opened the source (see the log)",
+                    at_source=False,
+                )
+        try:
+            report = decode_report(connection.recv_bytes(MOST_MESSAGE_BYTES))
+        except (EOFError, OSError, ValueError) as exc:
+            raise ServingFailedError(
+                f"the serving process did not report on the source: {exc}", at_source=False
+            ) from exc
+        if isinstance(report, FailedReport):
+            raise ServingFailedError(report.message, report.at_source)
+        return report
+
+    def silent(self, seconds: float) -> float | None:
+        """How long this process has not run, if it holds no request and has not beaten
+        for more than ``seconds``, seen so at this check and the one before; None else."""
+        if self._slot is None or self._device is None or self._slot.current() is not None:
+            self._silent = False
+            return None
+        silent_seconds = self._slot.silent_seconds()
+        seen_before, self._silent = self._silent, silent_seconds > seconds
+        return silent_seconds if seen_before and self._silent else None
+
+    def overdue(self) -> tuple[int, int] | None:
+        """The request (unique number, inode) this process has answered past its deadline,
+        seen so at this check and the one before; None if there is none."""
+        current = self._slot.current() if self._slot is not None else None
+        if current is None or time.monotonic() < current[2]:
+            self._overdue = None
+            return None
+        unique, inode, _ = current
+        seen_before, self._overdue = self._overdue == unique, unique
+        return (unique, inode) if seen_before else None
+
+    def fail_current(self, setup: ServingSetup) -> tuple[int, int] | None:
+        """Answer ``EIO`` to the request a dead process was answering, if any (its
+        descriptor is then closed: the kernel ends what else it had read); the request's
+        unique number and inode, or None."""
+        current = self._slot.current() if self._slot is not None else None
+        if self._slot is not None:
+            kill_command_group(setup.user, self._slot.command_group())
+        if self._device is not None:
+            if current is not None:
+                write_reply(self._device, current[0], -errno.EIO, [])
+            os.close(self._device)
+            self._device = None
+        if self._slot is not None:
+            self._slot.close()
+            self._slot = None
+        return None if current is None else (current[0], current[1])
+
+    def ready(self) -> bool:
+        """Whether the process has said it serves, since it was last started (no waiting)."""
+        try:
+            while self._connection is not None and self._connection.poll():
+                self._ready |= self._connection.recv_bytes(MOST_MESSAGE_BYTES) == READY
+        except (EOFError, OSError):
+            pass
+        return self._ready
+
+    def stop(self, setup: ServingSetup, wait: bool = True) -> None:
+        """End the process: asked to (SIGTERM) and waited for a few seconds, killed if
+        it does not end; with ``wait`` False, killed at once and reaped later (one stuck
+        in the kernel on storage ends only when the kernel lets go of it)."""
+        process = self.process
+        if process is None:
+            return
+        if process.is_alive() and wait:
+            process.terminate()
+            process.join(5)
+        if process.is_alive():
+            process.kill()
+            if wait:
+                process.join(5)
+        self._exited.append(process)
+        self._reap()
+        if self._connection is not None:
+            self._connection.close()
+        self._connection = None
+        self.process = None
+        self.fail_current(setup)
+
+    def _reap(self) -> None:
+        for process in list(self._exited):
+            if process.exitcode is not None:
+                process.close()
+                self._exited.remove(process)
+
+
+class Supervisor:
+    """A mount's serving processes: started, handed the mount, watched, replaced, stopped."""
+
+    def __init__(self, setup: ServingSetup) -> None:
+        """``setup.processes``: the supervisor and its serving processes (at least 2)."""
+        self._setup = setup
+        self._servers = [_Server(index) for index in range(1, setup.processes)]
+        self._mount_fd: int | None = None
+        #: The requests the supervisor failed (missed deadlines, deaths).
+        self.statistics = Statistics()
+        #: The kernel settings applied to the mount, shown in ``.cutfs/stats``.
+        self.kernel: dict[str, str] = {}
+        self.restarts = 0
+        self._board = StatisticsBoard(
+            shared_board_path(setup.shared_dir),
+            0,
+            setup.processes,
+            shared_supervisor_path(setup.shared_dir),
+        )
+        # The processes log through the supervisor's handlers (syslog, a file, the journal).
+        self._log_channel = LogChannel()
+        self._log_channel.start()
+
+    def open_source(self) -> OpenedReport:
+        """Start the first serving process and wait for it to open the source (no time
+        limit: indexing a large source takes minutes); then start the others, which
+        must open the same.  Raises :class:`ServingFailedError`."""
+        first, *others = self._servers
+        first.start(self._setup, self._log_channel.writer)
+        report = first.wait_report()
+        self._setup = replace(self._setup, identity=report.identity)
+        for server in others:
+            server.start(self._setup, self._log_channel.writer)
+        return report
+
+    def hand_mount(self, mount_fd: int) -> None:
+        """Give every process its clone of ``mount_fd``; call once the kernel's INIT
+        exchange is over (a clone could otherwise read the INIT request)."""
+        self._mount_fd = mount_fd
+        for server in self._servers:
+            server.hand_device(mount_fd)
+        log.info("%d serving processes serve the mount", len(self._servers))
+
+    async def wait_ready(self, seconds: float) -> None:
+        """Wait until every process serves, for at most ``seconds`` (then go on: the
+        ones that serve answer, and the rest are watched as usual)."""
+        with trio.move_on_after(seconds):
+            while not all(server.ready() for server in self._servers):
+                await trio.sleep(0.02)
+            return
+        log.warning("not every serving process was ready within %g s", seconds)
+
+    def describe(self) -> dict[str, object]:
+        alive = [s for s in self._servers if s.process is not None and s.process.is_alive()]
+        return {
+            "processes": self._setup.processes,
+            "running": 1 + len(alive),
+            "ready": 1 + sum(1 for s in alive if s.ready()),
+            "restarts": self.restarts,
+            "pids": [os.getpid()] + [s.process.pid for s in self._servers if s.process],
+        }
+
+    def publish_now(self) -> None:
+        """Publish the supervisor's figures for ``.cutfs/stats`` (processes, restarts,
+        kernel settings, the requests it failed)."""
+        self._board.publish(
+            self.statistics, {"serving": self.describe(), "kernel": dict(self.kernel)}
+        )
+
+    async def publish(self) -> None:
+        """Publish the figures every second; runs forever."""
+        while True:
+            self.publish_now()
+            await trio.sleep(_PUBLISH_SECONDS)
+
+    async def supervise(self, mount_fd: int) -> bool:
+        """Watch the processes until the mount goes away (True) or none is left to serve
+        (False: every one died before it served, three times).
+
+        One past its request's deadline is killed, and the request of one that died or
+        was killed is answered ``EIO``.  The supervisor serves nothing, so it learns of
+        the unmount from its own descriptor, which then polls as an error.
+        """
+        device = select.poll()
+        device.register(mount_fd, 0)  # only errors: requests are the processes' to take
+        while True:
+            await trio.sleep(_WATCH_SECONDS)
+            if any(events & select.POLLERR for _, events in device.poll(0)):
+                return True
+            self._check()
+            if not any(server.process is not None for server in self._servers):
+                return False
+
+    def _check(self) -> None:
+        for server in self._servers:
+            process = server.process
+            if process is None or self._mount_fd is None:
+                continue
+            if process.is_alive() and not self._killed_overdue(server, process):
+                continue
+            failed = server.fail_current(self._setup)
+            if failed is not None:
+                self.statistics.error("worker_died")
+                log.error(
+                    "serving process %d died answering a request about inode %d: "
+                    "that request fails with EIO",
+                    server.index,
+                    failed[1],
+                )
+            served = server.ready()  # before stop(): it reads the process's last words
+            log.error(
+                "serving process %d (pid %s) %s after %.0f s",
+                server.index,
+                process.pid,
+                "was killed"
+                if process.exitcode is None
+                else f"exited with status {process.exitcode}",
+                time.monotonic() - server.started,
+            )
+            server.stop(self._setup, wait=False)  # dead or killed: the watch must not wait
+            server.deaths_before_serving = 0 if served else server.deaths_before_serving + 1
+            if server.deaths_before_serving >= _TRIES_BEFORE_SERVING:
+                log.error(
+                    "serving process %d is not started again: it died %d times before serving",
+                    server.index,
+                    server.deaths_before_serving,
+                )
+                continue
+            self.restarts += 1
+            server.start(self._setup, self._log_channel.writer)
+            server.hand_device(self._mount_fd)
+
+    def _killed_overdue(self, server: _Server, process: BaseProcess) -> bool:
+        """Kill ``process`` if it is past its request's deadline, or has not run for as
+        long while it holds none (stopped by its user, hung); whether it was."""
+        overdue = server.overdue()
+        if overdue is None:
+            return self._killed_silent(server, process)
+        log.error(
+            "serving process %d (pid %s) answered a request about inode %d for longer than "
+            "its deadline (storage not answering?): killing it; the request fails with EIO",
+            server.index,
+            process.pid,
+            overdue[1],
+        )
+        process.kill()  # it runs no more code: its request can be answered now
+        failed = server.fail_current(self._setup)
+        if failed is not None and failed[0] == overdue[0]:
+            self.statistics.error("deadline")
+        elif failed is not None:  # it had just gone on to another, which fails with it
+            self.statistics.error("worker_died")
+        return True
+
+    def _killed_silent(self, server: _Server, process: BaseProcess) -> bool:
+        """Kill ``process`` if it has not run for :func:`_silence_limit` while it holds no
+        request: requests wait in the kernel for a process to read them, so one stopped
+        (by the source's owner, whom it runs as) must be replaced, not waited for."""
+        silent = server.silent(_silence_limit(self._setup.options.read_timeout_seconds))
+        if silent is None:
+            return False
+        log.error(
+            "serving process %d (pid %s) has not run for %.1f s (stopped or hung): killing "
+            "it; another takes its place",
+            server.index,
+            process.pid,
+            silent,
+        )
+        process.kill()
+        return True
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.stop(self._setup)
+        self._log_channel.stop()
+
+
+def _silence_limit(read_timeout_seconds: float) -> float:
+    """How long a serving process may go without running before it is replaced: the read
+    timeout, at most 10 s (its loop beats about every second when idle)."""
+    return min(read_timeout_seconds, _MOST_SILENT_SECONDS)
