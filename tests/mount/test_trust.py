@@ -911,6 +911,8 @@ def _call_in(pid: int, calls: list[str]) -> tuple[list[int], str]:
     """Evaluate each C expression in ``calls`` inside process ``pid`` (gdb, as root), as
     code that took the process over would: the values returned, and what gdb printed."""
     command = ["gdb", "-p", str(pid), "-batch", "-nx"]
+    # gdb may hit an internal error when the process dies under it: no core file of gdb's.
+    command += ["-iex", "maint set internal-error corefile no"]
     for call in calls:
         command += ["-ex", f"call {call}"]
     printed = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
