@@ -34,6 +34,23 @@ class AudioShape:
     num_frames: int
 
 
+@dataclass(frozen=True, slots=True)
+class RecordingOrigin:
+    """Where a recording's audio comes from, as far as it is known without decoding:
+    what a cut file's provenance names.  Empty strings are what is not known (the codec of
+    a recording served in place before it is indexed) or does not apply."""
+
+    #: The file (relative to the source, where it lies beneath it), object URI, or
+    #: ``command`` that the audio was read from; for shards, what ``pack`` read it from.
+    source: str
+    #: The shard file holding the audio (packed libraries only).
+    shard: str = ""
+    container: str = ""
+    codec: str = ""
+    #: The codec the audio was transcoded from when served ("": not transcoded).
+    transcoded_from: str = ""
+
+
 class LibrarySpec(Protocol):
     """A picklable description from which another process (a decoder worker) opens the
     same library, for decoding only (no cuts table)."""
@@ -106,6 +123,10 @@ class Library(Protocol):
 
     def metadata_mentions(self, field: str) -> bool:
         """Whether any cut's metadata has the field ``field``."""
+        ...
+
+    def origin(self, recording_index: int) -> RecordingOrigin:
+        """Where a recording's audio comes from (never decodes, never reads the audio)."""
         ...
 
     def cut_metadata(self, index: int) -> dict[str, Any]:

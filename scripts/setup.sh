@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(fuse3 libfuse3-dev pkg-config ffmpeg sox espeak-ng libsndfile1 python3-venv procps systemd
-    e2fsprogs gdb)
+    e2fsprogs gdb attr)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \

@@ -38,7 +38,7 @@ from cutfs.codec.catalogue.shard_format import (
     is_plain_file_name,
 )
 from cutfs.codec.errors import ShardFormatError
-from cutfs.codec.library import AudioShape, LibrarySpec
+from cutfs.codec.library import AudioShape, LibrarySpec, RecordingOrigin
 from cutfs.codec.storage.blob import Blob
 from cutfs.codec.storage.byte_store import ByteStore
 from cutfs.codec.storage.local_store import LocalStore, file_stamp
@@ -221,6 +221,17 @@ class ShardSet:
 
     def cut_metadata(self, index: int) -> dict[str, Any]:
         return self._cut_table().metadata(index)
+
+    def origin(self, recording_index: int) -> RecordingOrigin:
+        """What ``pack`` read the recording from, its shard and its codec (from its row)."""
+        recording = self.recording(recording_index)
+        return RecordingOrigin(
+            source=self._recordings.sources[recording_index],
+            shard=self._shard_names[int(self._recordings.shards[recording_index])],
+            container=recording.container_format,
+            codec=recording.codec_name,
+            transcoded_from=recording.transcoded_from,
+        )
 
     def cut(self, index: int) -> Cut:
         """The cut at ``index`` of the cuts table, its numbers checked against its recording."""

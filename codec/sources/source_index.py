@@ -66,7 +66,7 @@ from cutfs.codec.catalogue.shard_format import (
     write_table,
 )
 from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
-from cutfs.codec.library import AudioShape, LibrarySpec
+from cutfs.codec.library import AudioShape, LibrarySpec, RecordingOrigin
 from cutfs.codec.sources import Refusals, SourceCatalogue, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 from cutfs.codec.sources.audio_dir import AUDIO_EXTENSIONS
@@ -243,7 +243,7 @@ def _refuse_links_out(source: str, policy: SourcePolicy) -> None:
     linked to someone else's file would be served as transcripts; audio files
     are checked one by one later (their entries are refused, the rest served).
     """
-    if policy.unrestricted:
+    if policy.unrestricted or policy.any_path:
         return
     entries = [source]
     if os.path.isdir(source) and not os.path.islink(source):
@@ -264,10 +264,18 @@ def _refuse_links_out(source: str, policy: SourcePolicy) -> None:
 _AUDIO_SUFFIXES: Final = tuple(sorted(AUDIO_EXTENSIONS))
 
 
+def _shown_path(path: str, root: str) -> str:
+    """``path`` relative to ``root`` (the source's location) where it lies beneath it,
+    else as it is."""
+    relative = os.path.relpath(path, root) if os.path.isabs(path) and root else path
+    return path if relative.startswith(os.pardir) else relative
+
+
 def _policy_stamp(policy: SourcePolicy) -> dict[str, Any]:
     """What of the policy decides the catalogue: a cached one made under other rules is redone."""
     return {
         "roots": list(policy.allowed_roots),
+        "any_path": policy.any_path,
         "commands": policy.allow_commands,
         "objects": list(policy.allowed_objects),
         "input_limits": dataclasses.astuple(policy.input_limits),
@@ -349,6 +357,8 @@ class SourceIndex:
             raise ShardFormatError("not a current cutfs source index", where=directory)
         self.info = info
         source = str(info.get("source"))
+        #: What the paths of files beneath it are shown relative to (provenance).
+        self._source_root = source if os.path.isdir(source) else os.path.dirname(source)
         self.policy = (policy or SourcePolicy.for_source(source)).with_root(directory)
         self._tolerance_seconds = duration_tolerance_seconds()
         local = store or LocalStore("/", opener=self.policy.open_file)
@@ -496,6 +506,26 @@ class SourceIndex:
 
     def metadata_mentions(self, field: str) -> bool:
         return self._cuts_table.metadata_mentions(field)
+
+    def origin(self, recording_index: int) -> RecordingOrigin:
+        """The recording's object URI, file (relative to the source where it lies beneath
+        it) or ``command``; its codec once this process has its plan."""
+        url, path = self._urls[recording_index], self._paths[recording_index]
+        if url:
+            source = url
+        elif path:
+            source = _shown_path(path, self._source_root)
+        else:
+            source = "command"
+        plan = self._plans.get(recording_index)
+        if plan is None:
+            return RecordingOrigin(source)
+        return RecordingOrigin(
+            source,
+            container=plan.container_format,
+            codec=plan.codec_name,
+            transcoded_from=plan.transcoded_from,
+        )
 
     def cut_metadata(self, index: int) -> dict[str, Any]:
         return self._cuts_table.metadata(index)

@@ -9,7 +9,10 @@ as root.  The policy confines what their contents can reach:
   A path is checked when the catalogue is built and again on every open,
   on the file actually opened (``/proc/self/fd``), so a link swapped in
   between cannot redirect a read.  Only regular files are opened, without
-  blocking: a FIFO or a device is refused, not read.
+  blocking: a FIFO or a device is refused, not read.  A private mount (no
+  ``allow_other``) by a daemon that is not root and reads its own source follows
+  every path (:attr:`SourcePolicy.any_path`): it shows nobody else anything, and
+  Lhotse keeps manifests apart from their audio.
 * **Commands** (Kaldi ``cmd |`` lines, Lhotse ``command`` sources) never run
   unless allowed.  When allowed, the file that defines them must belong to
   the user the daemon runs as, be writable by nobody else, and not belong
@@ -59,6 +62,11 @@ class SourcePolicy:
     allowed_objects: tuple[str, ...] = ()
     #: How much the source's text files may make cutfs read.
     input_limits: InputLimits = field(default_factory=InputLimits)
+    #: Follow every path the reading user can read (``allowed_roots`` only say where the
+    #: source is): a private mount by the source's owner, which shows nobody else
+    #: anything that owner could not read already.  Commands and objects still need
+    #: their own permission.
+    any_path: bool = False
 
     @classmethod
     def for_source(
@@ -71,9 +79,11 @@ class SourcePolicy:
         cache_quota_bytes: int = DEFAULT_CACHE_QUOTA_BYTES,
         allowed_objects: tuple[str, ...] = (),
         input_limits: InputLimits | None = None,
+        any_path: bool = False,
     ) -> SourcePolicy:
         """The default policy for serving ``source``: its own location and ``extra_roots``
-        (and the objects beneath ``allowed_objects``)."""
+        (and the objects beneath ``allowed_objects``); with ``any_path``, every path (see
+        :attr:`any_path`)."""
         source = os.path.realpath(source)
         own = source if os.path.isdir(source) else os.path.dirname(source)
         roots = tuple(dict.fromkeys([own, *(os.path.realpath(r) for r in extra_roots)]))
@@ -85,6 +95,7 @@ class SourcePolicy:
             cache_quota_bytes,
             tuple(allowed_objects),
             input_limits or InputLimits(),
+            any_path,
         )
 
     @classmethod
@@ -99,7 +110,7 @@ class SourcePolicy:
 
     def is_allowed(self, path: str) -> bool:
         """Whether ``path``, links resolved, lies beneath an allowed root."""
-        if self.unrestricted:
+        if self.unrestricted or self.any_path:
             return True
         resolved = os.path.realpath(path)
         return any(_beneath(resolved, root) for root in self.allowed_roots)
@@ -110,7 +121,8 @@ class SourcePolicy:
             raise SourceError(
                 f"{path} lies outside the source and the allowed roots "
                 f"({', '.join(self.allowed_roots)}); an administrator can allow it with "
-                "--allow-root",
+                "--allow-root (a private mount by the source's owner, without --allow-other, "
+                "follows it)",
                 where=where,
             )
         try:
@@ -152,7 +164,7 @@ class SourcePolicy:
                     "mount reading as root decodes only root's files (give it --user)",
                     path,
                 )
-            if not self.unrestricted:
+            if not self.unrestricted and not self.any_path:
                 opened = os.readlink(f"/proc/self/fd/{descriptor}")
                 if not any(_beneath(opened, root) for root in self.allowed_roots):
                     raise OSError(errno.EACCES, "outside the allowed roots", path)

@@ -12,12 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.corpus import ffmpeg_decode, wav_header
 from support.mounts import CUTFS, is_mounted, needs_fuse, unmount
 from support.servers import S3Server
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 REPOSITORY = Path(__file__).resolve().parents[2]
 HELPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NOBODY = 65534
+AS_NOBODY = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--")
 needs_helper = pytest.mark.skipif(
     os.geteuid() != 0
     or shutil.which("cutfs", path=HELPER_PATH) is None
@@ -149,27 +152,9 @@ def test_an_unprivileged_user_mounts_through_fusermount3(
     mountpoint = Path(public_shards).parent / "mnt"
     mountpoint.mkdir()
     os.chown(mountpoint, 65534, 65534)
-    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    as_nobody = list(AS_NOBODY)
     try:
-        result = subprocess.run(
-            [
-                *as_nobody,
-                python,
-                "-m",
-                "cutfs.vfs.cli",
-                "mount",
-                "--serving-processes",
-                "1",
-                public_shards,
-                str(mountpoint),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            cwd="/",
-            env=environment,
-        )
+        result = _mount_as_nobody(python, environment, public_shards, mountpoint)
         assert result.returncode == 0, result.stderr
         with open("/proc/mounts") as mounts:
             line = next(m for m in mounts if m.split()[1] == str(mountpoint))
@@ -192,6 +177,92 @@ def test_an_unprivileged_user_mounts_through_fusermount3(
         assert unmounted.returncode == 0
     finally:
         unmount(str(mountpoint))
+
+
+@pytest.fixture()
+def nobodys_manifests(corpus: dict[str, str]) -> Iterator[Path]:
+    """A Lhotse recordings manifest of nobody's, in ``manifests/``, naming by absolute
+    path nobody's FLAC file in ``audio/`` beside it (as Lhotse keeps them: apart)."""
+    directory = Path(os.path.realpath("/tmp")) / f"cutfs-manifests-{os.getpid()}"
+    (directory / "manifests").mkdir(parents=True)
+    (directory / "audio").mkdir()
+    audio = directory / "audio" / "a.flac"
+    shutil.copy(corpus["flac_mono_16k.flac"], audio)
+    samples, rate, _ = ffmpeg_decode(str(audio))
+    recording = {
+        "id": "rec1",
+        "sources": [{"type": "file", "channels": [0], "source": str(audio)}],
+        "sampling_rate": rate,
+        "num_samples": len(samples),
+        "duration": len(samples) / rate,
+        "channel_ids": [0],
+    }
+    (directory / "manifests" / "recordings.jsonl").write_text(json.dumps(recording) + "\n")
+    (directory / "mnt").mkdir()
+    (directory / "home").mkdir()  # nobody's is /nonexistent; a user has one, with ~/.cache
+    for path in [directory, *directory.rglob("*")]:
+        os.chown(path, NOBODY, NOBODY)
+    yield directory
+    shutil.rmtree(directory)
+
+
+def test_a_users_private_mount_follows_its_manifests_to_its_audio_elsewhere(
+    nobodys_manifests: Path, fuse_for_everyone: None, corpus: dict[str, str]
+) -> None:
+    """The most common use in place: a user mounts, for themselves, manifests kept apart
+    from the audio they name.  No flag is needed; what is served is ffmpeg's decode."""
+    python, environment = _python_for_nobody(nobodys_manifests)
+    environment["HOME"] = str(nobodys_manifests / "home")
+    mountpoint = nobodys_manifests / "mnt"
+    try:
+        manifests = str(nobodys_manifests / "manifests")
+        result = _mount_as_nobody(python, environment, manifests, mountpoint)
+        assert result.returncode == 0, result.stderr
+        read = subprocess.run(
+            [*AS_NOBODY, "cat", str(mountpoint / "cuts" / "rec1.wav")],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        samples, rate, channels = ffmpeg_decode(str(nobodys_manifests / "audio" / "a.flac"))
+        assert read.stdout == wav_header(rate, channels, len(samples)) + samples.tobytes()
+    finally:
+        unmount(str(mountpoint))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+def test_a_root_daemons_shared_mount_of_the_same_manifests_still_refuses(
+    nobodys_manifests: Path,
+) -> None:
+    """Confinement where it protects someone: a mount others can read (here a root
+    daemon's, with --allow-other) serves only files beneath the source and --allow-root."""
+    source_and_mnt = (nobodys_manifests / "manifests", nobodys_manifests / "mnt")
+    result = subprocess.run(
+        [*CUTFS, "mount", "--allow-other", "--serving-processes", "1", *map(str, source_and_mnt)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    unmount(str(nobodys_manifests / "mnt"))
+    assert result.returncode == 3, result.stderr
+    assert "lies outside the source and the allowed roots" in result.stderr, result.stderr
+
+
+def _mount_as_nobody(
+    python: str, environment: dict[str, str], source: str, mountpoint: Path
+) -> subprocess.CompletedProcess[str]:
+    """``cutfs mount SOURCE MOUNTPOINT`` (one serving process) run by nobody, from /."""
+    command = ["-m", "cutfs.vfs.cli", "mount", "--serving-processes", "1", source]
+    return subprocess.run(
+        [*AS_NOBODY, python, *command, str(mountpoint)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd="/",
+        env=environment,
+    )
 
 
 def _python_for_nobody(directory: Path) -> tuple[str, dict[str, str]]:

@@ -50,13 +50,14 @@ from cutfs.vfs.cli.mount_arguments import (
 from cutfs.vfs.cli.printable import printable
 from cutfs.vfs.daemon.mount import ExitCode, MountError, serve
 from cutfs.vfs.daemon.mount_options import DaemonOptions, parse_size
+from cutfs.vfs.fuse.operations import XATTR_PREFIX
 from cutfs.vfs.stats.prometheus import exposition_lines
 from cutfs.vfs.tree.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE
 
 log = logging.getLogger("cutfs")
 
 
-_COMMANDS = ("pack", "mount", "upgrade", "umount", "stats", "completion", "manpage")
+_COMMANDS = ("pack", "mount", "upgrade", "umount", "stats", "which", "completion", "manpage")
 #: ``cutfs pack STEP ...``: the steps of a pack, for engines of one's own.
 _PACK_STEPS = ("plan", "run", "commit", "status")
 #: What pack and mount read, for their help.
@@ -748,6 +749,17 @@ def _add_tool_parsers(commands: Any) -> None:
     )
     stats_parser.set_defaults(command="stats", run=_stats)
 
+    which_parser = commands.add_parser(
+        "which",
+        help="say where a mounted file's audio comes from",
+        description="Print the provenance of files of a mount (their user.cutfs.* extended "
+        "attributes, as getfattr -d shows them): the recording and cut, the source file or "
+        "object and shard, the range in the recording's samples, its rate and channels, the "
+        "codec and any transcoding. Nothing is decoded.",
+    )
+    which_parser.add_argument("paths", nargs="+", metavar="PATH", help="files of a cutfs mount")
+    which_parser.set_defaults(command="which", run=_which)
+
     umount_parser = commands.add_parser("umount", help="unmount (fusermount3 -u)")
     umount_parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="a cutfs mount")
     umount_parser.set_defaults(command="umount", run=_umount)
@@ -861,6 +873,34 @@ def _stats(args: argparse.Namespace) -> int:
         print(f"cutfs stats: {path} is not what a mount writes: {exc!r:.200}", file=sys.stderr)
         return ExitCode.ERROR
     return ExitCode.OK
+
+
+def _which(args: argparse.Namespace) -> int:
+    status = ExitCode.OK
+    for number, path in enumerate(args.paths):
+        try:
+            names = [n for n in os.listxattr(path) if n.startswith(XATTR_PREFIX)]
+            found = {n.removeprefix(XATTR_PREFIX): os.getxattr(path, n) for n in names}
+        except OSError as exc:
+            print(f"cutfs which: {printable(path)}: {exc.strerror}", file=sys.stderr)
+            status = ExitCode.ERROR
+            continue
+        if not found:
+            print(
+                f"cutfs which: {printable(path)}: no provenance (only WAV files of a cutfs "
+                "mount have one)",
+                file=sys.stderr,
+            )
+            status = ExitCode.ERROR
+            continue
+        if number:
+            print()
+        print(printable(path))
+        width = max(len(name) for name in found)
+        for name, value in found.items():
+            shown = printable(value.decode("utf-8", "replace"))
+            print(f"  {printable(name):<{width}}  {shown}")
+    return status
 
 
 #: The most of a statistics file ``cutfs stats`` reads (they are a few KiB).

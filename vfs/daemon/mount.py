@@ -153,6 +153,7 @@ def serve(
             cache_quota_bytes=options.cache_quota_bytes,
             allowed_objects=options.allowed_objects,
             input_limits=options.input_limits,
+            any_path=_is_owners_private_mount(shard_dir, options),
         )
     )
     cache_dir = cache_root_for(options.cache_dir, user)
@@ -194,6 +195,20 @@ def serve(
                 "taken down; see the log for why",
                 ExitCode.ERROR,
             )
+
+
+def _is_owners_private_mount(source: str, options: MountOptions) -> bool:
+    """Whether this mount only shows ``source``'s owner what that owner may read anyway:
+    a daemon that is not root, started by the owner, without ``allow_other``.  Such a
+    mount follows every path its manifests name (see
+    :attr:`~cutfs.codec.trust.source_policy.SourcePolicy.any_path`); root daemons and
+    shared mounts keep to the source and ``--allow-root``."""
+    if os.geteuid() == 0 or options.allow_other:
+        return False
+    try:
+        return os.lstat(source).st_uid == os.geteuid()
+    except OSError:
+        return False  # the serving process says why it cannot open the source
 
 
 def _log_mounted(

@@ -275,14 +275,14 @@ def _path_confinement(setup: ServingSetup) -> PathConfinement | None:
     """Where this mount's processes that parse data may open files (see
     :mod:`cutfs.vfs.daemon.path_confinement`): read the source's roots, read and write
     the mount's cache and their own parts of the shared directory.  One that reads
-    object storage may read every path (credentials, certificates), and write only
-    there.  A mount that runs the source's commands is not confined: what a command
-    opens is its author's to say."""
+    object storage (credentials, certificates) or follows every path (an owner's private
+    mount) may read every path, and write only there.  A mount that runs the source's
+    commands is not confined: what a command opens is its author's to say."""
     if setup.options.allow_commands:
         return None
     writable = (setup.cache_dir, *users_shared_paths(setup.shared_dir))
     policy = setup.policy
-    if is_remote(setup.source) or policy is None or policy.allowed_objects:
+    if is_remote(setup.source) or policy is None or policy.allowed_objects or policy.any_path:
         return PathConfinement.for_data(None, writable)
     supervisor = shared_supervisor_directory(setup.shared_dir)  # figures for .cutfs/stats
     return PathConfinement.for_data((*policy.allowed_roots, supervisor), writable)

@@ -72,12 +72,15 @@ _FORGET_ONE = struct.Struct("<QQ")  # nodeid, nlookup
 _DIRENT = struct.Struct("<QQII")  # ino, off, namelen, type
 _STATFS_OUT = struct.Struct("<QQQQQIIII24x")  # blocks bfree bavail files ffree bsize namelen frsize
 _INIT_IN = struct.Struct("<IIII")  # major, minor, max_readahead, flags
+_XATTR_IN = struct.Struct("<II")  # size (0: only ask how large), padding (then a name)
+_XATTR_OUT = struct.Struct("<II")  # size, padding
 # major minor max_readahead flags max_background congestion_threshold max_write time_gran
 # max_pages map_alignment flags2, unused
 _INIT_OUT = struct.Struct("<IIIIHHIIHHI28x")
 
 _LOOKUP, _FORGET, _GETATTR = 1, 2, 3
 _OPEN, _READ, _STATFS, _RELEASE = 14, 15, 17, 18
+_GETXATTR, _LISTXATTR = 22, 23
 _INIT, _OPENDIR, _READDIR, _RELEASEDIR = 26, 27, 28, 29
 _INTERRUPT, _BATCH_FORGET, _READDIRPLUS = 36, 42, 44
 #: Requests the kernel sends without waiting for a reply.
@@ -86,8 +89,6 @@ _NO_REPLY: Final = frozenset({_FORGET, _BATCH_FORGET, _INTERRUPT})
 #: ``requests.other``).  The kernel asks some again each time: every ``ioctl`` on a file
 #: (Python's ``open`` asks whether it is a terminal) costs a round trip.
 _UNSUPPORTED: Final = {
-    22: "getxattr",
-    23: "listxattr",
     25: "flush",
     34: "access",
     39: "ioctl",
@@ -300,6 +301,8 @@ class DeviceChannel:
             _READDIRPLUS: self._readdirplus,
             _RELEASEDIR: self._releasedir,
             _STATFS: self._statfs,
+            _GETXATTR: self._getxattr,
+            _LISTXATTR: self._listxattr,
         }
 
     async def serve(self) -> None:
@@ -533,6 +536,17 @@ class DeviceChannel:
         await self._operations.releasedir(fh)
         return b""
 
+    async def _getxattr(self, request: _Request) -> bytes:
+        size, _ = _XATTR_IN.unpack_from(request.body)
+        name = request.body[_XATTR_IN.size :].split(b"\0", 1)[0]
+        value = await self._operations.getxattr(request.nodeid, name, request.context())
+        return _sized(value, size)
+
+    async def _listxattr(self, request: _Request) -> bytes:
+        size, _ = _XATTR_IN.unpack_from(request.body)
+        names = await self._operations.listxattr(request.nodeid, request.context())
+        return _sized(b"".join(name + b"\0" for name in names), size)
+
     async def _statfs(self, request: _Request) -> bytes:
         stats = await self._operations.statfs(request.context())
         return _STATFS_OUT.pack(
@@ -546,6 +560,16 @@ class DeviceChannel:
             stats.f_frsize,
             0,
         )
+
+
+def _sized(value: bytes, size: int) -> bytes:
+    """An xattr reply: only ``value``'s size when asked with ``size`` 0, ``value`` when it
+    fits, ERANGE when it does not."""
+    if size == 0:
+        return _XATTR_OUT.pack(len(value), 0)
+    if len(value) > size:
+        raise pyfuse3.FUSEError(errno.ERANGE)
+    return value
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,8 @@ from cutfs.vfs.tree.snapshot_store import SnapshotStore
 log = logging.getLogger("cutfs.operations")
 
 CACHE_TIMEOUT_SECONDS = 86400.0
+#: The namespace of a WAV file's provenance attributes (``getfattr -d``).
+XATTR_PREFIX = "user.cutfs."
 #: Inodes of snapshots of volatile files (this bit, a serial number, and the file's own
 #: inode in the low bits), above every inode of :mod:`cutfs.vfs.tree.view`.
 _SNAPSHOT_INODES = 1 << 60
@@ -277,6 +279,27 @@ class Operations(pyfuse3.Operations):
     @_errno_boundary
     async def release(self, fh: int) -> None:
         return None
+
+    @_errno_boundary
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        """A WAV file's provenance attribute ``name`` (``user.cutfs.*``); ENODATA for
+        any other name and node."""
+        value = self._provenance(inode).get(name)
+        if value is None:
+            raise pyfuse3.FUSEError(errno.ENODATA)
+        return value
+
+    @_errno_boundary
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        return list(self._provenance(inode))
+
+    def _provenance(self, inode: int) -> dict[bytes, bytes]:
+        if inode & _SNAPSHOT_INODES:
+            return {}
+        return {
+            f"{XATTR_PREFIX}{name}".encode(): value.encode("utf-8", "surrogateescape")
+            for name, value in self._fs.provenance(inode).items()
+        }
 
     @_errno_boundary
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:

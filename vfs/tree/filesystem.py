@@ -59,7 +59,15 @@ from cutfs.vfs.tree.manifest_files import ManifestFiles
 from cutfs.vfs.tree.manifests_view import ManifestsView, WavScp
 from cutfs.vfs.tree.recordings_view import RecordingsView
 from cutfs.vfs.tree.span_table import SharedSpanTable
-from cutfs.vfs.tree.view import CUT_INODE_BASE, ROOT_INODE, AudioSpan, Entry, NodeKind, View
+from cutfs.vfs.tree.view import (
+    CUT_INODE_BASE,
+    RECORDING_INODE_BASE,
+    ROOT_INODE,
+    AudioSpan,
+    Entry,
+    NodeKind,
+    View,
+)
 from cutfs.vfs.tree.windows_view import Windows, WindowsView
 
 #: The kernel's page size, the unit of what it keeps of a file.
@@ -275,6 +283,41 @@ class Filesystem:
                     await text.prepare()
             return Attributes(inode, _FILE_MODE, text.size_bytes(), volatile=text.volatile)
         return self.listed_attributes(inode)
+
+    def provenance(self, inode: int) -> dict[str, str]:
+        """Where a WAV file's audio comes from, as its extended attributes show it
+        (``user.cutfs.<name>``; see docs/operations.md): the recording, the cut, the
+        source file or object and shard, the range in the recording's own samples, its
+        rate and channels, the codec and any transcoding, and the rate served.  Known
+        without decoding or reading audio: what needs the recording indexed first (the
+        range of a cut of a source served in place, its codec) is left out until it is.
+        Other nodes have none."""
+        if self._kind(inode) is not NodeKind.WAV:
+            return {}
+        view = self._view(inode)
+        recording = view.recording_of(inode)
+        found = {"recording": self._library.recording_ids[recording]}
+        if CUT_INODE_BASE <= inode < RECORDING_INODE_BASE:
+            found["cut"] = self._library.cut_ids[inode - CUT_INODE_BASE]
+        origin = self._library.origin(recording)
+        found["source"] = origin.source
+        for name, value in (
+            ("shard", origin.shard),
+            ("container", origin.container),
+            ("codec", origin.codec),
+            ("transcoded_from", origin.transcoded_from),
+        ):
+            if value:
+                found[name] = value
+        span, shape = view.audio(inode), self._library.shape(recording)
+        if span is not None and shape is not None:
+            found["start_sample"] = str(span.start_frame)
+            found["num_samples"] = str(span.num_frames)
+            found["sample_rate"] = str(shape.sample_rate)
+            channels = span.channels or tuple(range(shape.channels))
+            found["channels"] = ",".join(map(str, channels))
+            found["served_rate"] = str(self._served(span).layout.sample_rate)
+        return found
 
     @staticmethod
     def _wav_attributes(inode: int, source: WavSource) -> Attributes:
