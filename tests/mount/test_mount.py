@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import soundfile
 from support.corpus import wav_header
-from support.mounts import CUTFS, is_mounted, mounted, needs_fuse, unmount
+from support.mounts import CUTFS, descendants, is_mounted, mounted, needs_fuse, unmount
 from support.references import (
     ODD_IDS,
     Reference,
@@ -600,3 +600,64 @@ def test_the_rest_of_a_cut_reaches_the_page_cache_with_its_first_read(
         ).lossless
         actual = contents[str(cut["id"])]
         assert close_enough(actual, expected_file(cut, references), lossless), cut["id"]
+
+
+@pytest.mark.parametrize("victim", ["daemon", "serving process"])
+def test_a_start_killed_before_the_mount_is_ready_says_so_in_one_line(
+    shard_dir: str, tmp_path: Path, victim: str
+) -> None:
+    """Whatever stops a background start before the mount is ready reaches the caller as
+    a line with the cause; the mount is not left behind."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    starting = subprocess.Popen(
+        [*CUTFS, "mount", "--serving-processes", "1", shard_dir, str(mountpoint)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        target = _first_seen(starting, victim)
+        assert target is not None, "the start ended before it could be stopped"
+        os.kill(target, signal.SIGKILL)
+        _, printed = starting.communicate(timeout=120)
+        assert starting.returncode != 0 and not is_mounted(str(mountpoint))
+    finally:
+        starting.kill()
+        unmount(str(mountpoint))
+    lines = printed.strip().splitlines()
+    if victim == "daemon":
+        assert lines[0].startswith("cutfs mount: the daemon was killed by SIGKILL before"), lines
+    else:
+        assert lines == [
+            "cutfs mount: the serving process was killed by SIGKILL before it opened the "
+            "source (see the log)"
+        ]
+
+
+def _first_seen(starting: subprocess.Popen[str], victim: str) -> int | None:
+    """The pid of the daemon a background start began, or of its first serving process,
+    as soon as it runs (None if the start ended first, or in a minute)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and starting.poll() is None:
+        daemon = _starting_daemon(starting.pid)
+        if daemon is not None and victim == "daemon":
+            return daemon
+        if daemon is not None:  # the first process it spawns is serving process 1
+            spawned = [p for p in descendants(daemon) if b"spawn_main" in _cmdline(p)]
+            if spawned:
+                return spawned[0]
+        time.sleep(0.005)
+    return None
+
+
+def _starting_daemon(caller: int) -> int | None:
+    """The daemon a background ``cutfs mount`` (pid ``caller``) started, once it runs."""
+    return next((p for p in descendants(caller) if b"--ready-fd" in _cmdline(p)), None)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

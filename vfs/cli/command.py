@@ -50,6 +50,7 @@ from cutfs.vfs.cli.mount_arguments import (
 from cutfs.vfs.cli.printable import printable
 from cutfs.vfs.daemon.mount import ExitCode, MountError, serve
 from cutfs.vfs.daemon.mount_options import DaemonOptions, parse_size
+from cutfs.vfs.daemon.supervisor import how_it_ended
 from cutfs.vfs.fuse.operations import XATTR_PREFIX
 from cutfs.vfs.stats.prometheus import exposition_lines
 from cutfs.vfs.tree.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE
@@ -649,7 +650,7 @@ def _mount_in_background(args: argparse.Namespace) -> int:
             print(f"cutfs mount: {text or 'the daemon failed (see its log)'}", file=sys.stderr)
             return int(code)
         print(
-            f"cutfs mount: the daemon exited with status {status} before the mount was ready"
+            f"cutfs mount: the daemon {how_it_ended(status)} before the mount was ready"
             + _last_lines(early_output),
             file=sys.stderr,
         )

@@ -29,6 +29,7 @@ import logging
 import multiprocessing
 import os
 import select
+import signal
 import socket
 import time
 from dataclasses import replace
@@ -75,6 +76,25 @@ class ServingFailedError(Exception):
     def __init__(self, message: str, at_source: bool) -> None:
         super().__init__(message)
         self.at_source = at_source
+
+
+def how_it_ended(status: int) -> str:
+    """A process's end for a message: "exited with status N" or "was killed by SIGNAME"
+    (``status`` as ``subprocess`` and ``multiprocessing`` give it: minus the signal)."""
+    if status >= 0:
+        return f"exited with status {status}"
+    try:
+        return f"was killed by {signal.Signals(-status).name}"
+    except ValueError:
+        return f"was killed by signal {-status}"
+
+
+def _ended_before_report(process: BaseProcess) -> ServingFailedError:
+    return ServingFailedError(
+        f"the serving process {how_it_ended(process.exitcode or 0)} before it opened the "
+        "source (see the log)",
+        at_source=False,
+    )
 
 
 def mount_device_fd() -> int:
@@ -160,14 +180,17 @@ class _Server:
         assert connection is not None and process is not None
         while not connection.poll(0.5):
             if not process.is_alive():
-                raise ServingFailedError(
-                    f"the serving process exited with status {process.exitcode} before it "
-                    "opened the source (see the log)",
-                    at_source=False,
-                )
+                raise _ended_before_report(process)
         try:
             report = decode_report(connection.recv_bytes(MOST_MESSAGE_BYTES))
-        except (EOFError, OSError, ValueError) as exc:
+        except (EOFError, OSError) as exc:  # it died: its pipe closed
+            process.join(5)
+            if process.exitcode is not None:
+                raise _ended_before_report(process) from exc
+            raise ServingFailedError(
+                f"the serving process did not report on the source: {exc}", at_source=False
+            ) from exc
+        except ValueError as exc:
             raise ServingFailedError(
                 f"the serving process did not report on the source: {exc}", at_source=False
             ) from exc
@@ -365,9 +388,7 @@ class Supervisor:
                 "serving process %d (pid %s) %s after %.0f s",
                 server.index,
                 process.pid,
-                "was killed"
-                if process.exitcode is None
-                else f"exited with status {process.exitcode}",
+                "was killed" if process.exitcode is None else how_it_ended(process.exitcode),
                 time.monotonic() - server.started,
             )
             server.stop(self._setup, wait=False)  # dead or killed: the watch must not wait
