@@ -1,6 +1,12 @@
 """Run the compatibility suite (tests/mount/test_compat.py) and write docs/compat.md.
 
-Usage: .venv/bin/python scripts/compat.py [--with-pyannote]
+Usage: .venv/bin/python scripts/compat.py [--with-pyannote] [--write]
+       .venv/bin/python scripts/compat.py --build-pyannote
+
+The report is printed; ``--write`` also writes it to docs/compat.md (a tracked file: a
+run without it leaves the clone as it was).  ``--build-pyannote`` only builds (or
+completes) ``.venv-pyannote``; ``scripts/setup.sh`` calls it when
+``CUTFS_WITH_PYANNOTE=1`` (CI does).
 
 Each client reads cuts from a real mount; the table records whether its test
 passed and the version of the client that ran it.
@@ -91,6 +97,22 @@ PYANNOTE_PACKAGES = [
     "pyannote.audio==4.0.7",
     "cuda-toolkit[npp]==13.0.2",
 ]
+#: Loaded at every start of that environment's interpreter (through a ``.pth`` file): the
+#: CUDA libraries torchcodec's FFmpeg 5 core links to, which the dynamic linker would find
+#: only with ``LD_LIBRARY_PATH`` (a library loaded already is found by its name).
+CUDA_LIBRARIES_MODULE = '''"""Loads the CUDA libraries torchcodec links to (written by cutfs's
+scripts/compat.py), so that no LD_LIBRARY_PATH is needed."""
+
+import ctypes
+import glob
+import os
+import sys
+
+_LIBRARIES = os.path.join(sys.prefix, "lib", "python*", "site-packages", "nvidia", "cu13", "lib")
+for _name in ("nppc", "nppicc", "nvrtc"):
+    for _path in glob.glob(os.path.join(_LIBRARIES, f"lib{_name}.so.13")):
+        ctypes.CDLL(_path, mode=ctypes.RTLD_GLOBAL)
+'''
 WHY_SEPARATE = (
     "PyPI's torchaudio for Linux x86_64 is a CUDA build that cannot load beside the CPU torch "
     "of this project; pyannote.audio imports torchaudio at start"
@@ -111,6 +133,9 @@ def version(source: str) -> str:
 
 
 def main() -> int:
+    if "--build-pyannote" in sys.argv[1:]:
+        _build_pyannote_environment()
+        return 0
     with_pyannote = "--with-pyannote" in sys.argv[1:]
     tests = ["tests/mount/test_compat.py", *_OTHER_TESTS]
     if with_pyannote:
@@ -162,10 +187,10 @@ def main() -> int:
         "2.13.0+cpu), and pyannote.audio 4 imports torchaudio at start. They run on the CPU "
         "in a separate environment with the CUDA build of torch and the CUDA runtime libraries "
         "(no GPU needed to load them): `pip install " + " ".join(PYANNOTE_PACKAGES) + "` "
-        "(about 2 GB of downloads, 5.4 GB installed) and `LD_LIBRARY_PATH` set to that "
-        "environment's `site-packages/nvidia/cu13/lib`; `scripts/compat.py --with-pyannote` "
-        "builds it as `.venv-pyannote` and runs `tests/mount/test_compat_pyannote.py` there "
-        "(not in CI: the downloads).",
+        "(about 2 GB of downloads, 5.4 GB installed); a `.pth` file of that environment loads "
+        "the CUDA libraries torchcodec links to, so no `LD_LIBRARY_PATH` is needed. "
+        "`scripts/compat.py --build-pyannote` builds it as `.venv-pyannote`, and CI builds it "
+        "and runs `tests/mount/test_compat_pyannote.py` there on every change.",
         "",
         "Formats served in place, each written by its own library "
         "(`tests/mount/test_formats.py`, "
@@ -175,7 +200,8 @@ def main() -> int:
         "Arrow episode shards with a segment list (pyarrow).",
         "",
     ]
-    (ROOT / "docs" / "compat.md").write_text("\n".join(lines))
+    if "--write" in sys.argv[1:]:
+        (ROOT / "docs" / "compat.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return status
 
@@ -190,6 +216,16 @@ def _build_pyannote_environment() -> None:
     )
     if missing.returncode != 0:
         subprocess.run([str(python), "-m", "pip", "install", "-q", *PYANNOTE_PACKAGES], check=True)
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    (site / "cutfs_cuda_libraries.py").write_text(CUDA_LIBRARIES_MODULE)
+    (site / "cutfs-cuda-libraries.pth").write_text("import cutfs_cuda_libraries\n")
 
 
 def _pyannote_version(distribution: str) -> str:

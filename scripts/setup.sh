@@ -36,6 +36,11 @@ if command -v npm >/dev/null && [[ ! -x .venv/node/node_modules/.bin/azurite-blo
     npm install --silent --prefix .venv/node azurite@3 >/dev/null \
         || echo "setup: could not install azurite: the az:// tests will be skipped" >&2
 fi
+# pyannote.audio and torchaudio run in an environment of their own (scripts/compat.py says
+# why): about 2 GB of downloads, so only where asked (CI asks).
+if [[ ${CUTFS_WITH_PYANNOTE:-0} == 1 ]]; then
+    .venv/bin/python scripts/compat.py --build-pyannote
+fi
 echo "setup: ready ($(.venv/bin/cutfs --help >/dev/null && echo cutfs installed in .venv/bin))"
 
 # mount(8) runs helpers with a fixed PATH (/usr/local/bin and the system directories),
