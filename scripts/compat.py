@@ -86,6 +86,13 @@ PYANNOTE_CLIENTS = {
         "2.5 s) as Inference slides; Audio()(path) of every windows/x/ file",
         "pyannote.audio",
     ),
+    "test_pyannote_inference_and_diarization_over_the_mount_equal_those_over_the_decode": (
+        "pyannote.audio",
+        "Inference (PyanNet) over recordings, a window and a pyannote.database protocol "
+        "pointing into the mount, and a SpeakerDiarization pipeline (randomly initialised "
+        "models, fixed seeds): bit-identical to the same over WAVs of ffmpeg's decode",
+        "pyannote.audio",
+    ),
 }
 PYANNOTE_VENV = ROOT / ".venv-pyannote"
 #: The environment that runs them on the CPU (torch 2.11's CUDA build plus the CUDA

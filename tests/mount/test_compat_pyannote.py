@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.corpus import wav_header
 from support.mounts import mounted, needs_fuse
 from support.references import Reference, cut_path, cut_plan, expected_cut
 
@@ -120,3 +121,69 @@ def test_pyannote_audio_reads_cuts_crops_and_windows(
         problems = _run_checks(specs, tmp_path)
     assert len(problems) == 3
     assert all(problem is None for problem in problems.values()), problems
+
+
+def _reference_wav(work: Path, name: str, samples: np.ndarray, rate: int) -> str:
+    """A 16-bit WAV file of ``samples`` (ffmpeg's decode), written by hand."""
+    path = work / f"{name}.wav"
+    path.write_bytes(wav_header(rate, samples.shape[1], len(samples)) + samples.tobytes())
+    return str(path)
+
+
+def test_pyannote_inference_and_diarization_over_the_mount_equal_those_over_the_decode(
+    shard_dir: str, references: dict[str, Reference], tmp_path: Path
+) -> None:
+    """Unmodified pyannote.audio (randomly initialised PyanNet, WeSpeaker ResNet34 and PLDA
+    with fixed seeds: no weights can be downloaded) over mounted recordings, a window and a
+    pyannote.database protocol whose paths point into the mount gives bit-identical
+    outputs to the same code over WAV files of ffmpeg's full decode."""
+    names = {"flac_mono_16k": "flac_mono_16k.flac", "mp3_cbr_mono_16k": "mp3_cbr_mono_16k.mp3"}
+    wavs = {
+        uri: _reference_wav(tmp_path, uri, references[name].samples, references[name].rate)
+        for uri, name in names.items()
+    }
+    with mounted(shard_dir, str(tmp_path / "mnt"), "--window", "10", "--overlap", "2") as mnt:
+        windows = Path(mnt) / "windows" / "flac_mono_16k"
+        window = sorted(windows.iterdir(), key=lambda p: float(p.name.split("-")[0]))[1]
+        start, end = (float(edge) for edge in window.name.removesuffix(".wav").split("-"))
+        flac = references["flac_mono_16k.flac"]
+        piece = flac.samples[round(start * flac.rate) : round(end * flac.rate)]
+        (tmp_path / "uris.txt").write_text("\n".join(names) + "\n")
+        database = tmp_path / "database.yml"
+        database.write_text(
+            "Databases:\n"
+            f"  Mount: {mnt}/recordings/{{uri}}.wav\n"
+            "Protocols:\n"
+            "  Mount:\n"
+            "    SpeakerDiarization:\n"
+            "      Check:\n"
+            "        test:\n"
+            f"          uri: {tmp_path / 'uris.txt'}\n"
+        )
+        specs: list[dict[str, object]] = [
+            *(
+                {"check": "pyannote_inference", "path": f"{mnt}/recordings/{uri}.wav"}
+                | {"reference": wav}
+                for uri, wav in wavs.items()
+            ),
+            {
+                "check": "pyannote_inference",
+                "path": str(window),
+                "reference": _reference_wav(tmp_path, "window", piece, flac.rate),
+            },
+            {
+                "check": "pyannote_protocol",
+                "path": str(database),
+                "database": str(database),
+                "protocol": "Mount.SpeakerDiarization.Check",
+                "references": wavs,
+            },
+            {
+                "check": "pyannote_diarization",
+                "path": f"{mnt}/recordings/flac_mono_16k.wav",
+                "reference": wavs["flac_mono_16k"],
+            },
+        ]
+        problems = _run_checks(specs, tmp_path)
+    assert len(problems) == len(specs)
+    assert [p for p in problems.values() if p is not None] == [], problems
