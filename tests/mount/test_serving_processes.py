@@ -249,6 +249,27 @@ def test_unmount_stops_every_process(tmp_path: Path, shard_dir: str, kind: str) 
     assert not survivors, f"outlived the mount: {survivors}\n{log.read_text()[-4000:]}"
 
 
+def test_a_lazily_detached_mount_ends_its_daemon(tmp_path: Path, shard_dir: str) -> None:
+    """``umount -l`` (the kernel detaches the mount; the connection lives on while anything
+    holds it): the supervisor sees its descriptor fail and ends with every process, rather
+    than serve, or wait, for a mount nobody can reach (before the process split, a daemon
+    detached before INIT hung in the kernel, orphaned, for 1.5 hours)."""
+    mountpoint = str(tmp_path / "mnt")
+    log = tmp_path / "log"
+    options, processes = KINDS["in turn"]
+    with mounted(shard_dir, mountpoint, *options, "--log-file", str(log)) as mnt:
+        pids = _wait_for(mnt, lambda s: s["ready"] == processes, "both processes serve")["serving"][
+            "pids"
+        ]
+        detached = subprocess.run(["umount", "-l", mnt], capture_output=True, check=False)
+        assert detached.returncode == 0, detached.stderr
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        survivors = {pid: _where_waiting(pid) for pid in pids if _alive(pid)}
+        assert not survivors, f"outlived the mount: {survivors}\n{log.read_text()[-4000:]}"
+
+
 def _where_waiting(pid: int) -> str:
     """What a process is doing, for a failure's message: its state and kernel wait."""
     try:
