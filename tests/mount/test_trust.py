@@ -63,7 +63,7 @@ from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.sources import Refusals, read_source
 from cutfs.codec.sources.source_index import SourceIndex, prepare_index
-from cutfs.vfs.daemon.serving_user import ServingUser, acting_as, kill_command_group
+from cutfs.vfs.daemon.serving_user import ServingUser, kill_command_group
 from cutfs.vfs.frames.decode_pool import DecodePool, WorkerDiedError
 
 pytestmark = [pytest.mark.mount, needs_fuse, needs_root]
@@ -546,8 +546,8 @@ def test_a_command_group_a_decoder_names_is_killed_with_the_users_rights_only(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The group number of a command comes from a decoder, which may have parsed hostile
-    media: a daemon acting as the user keeps root as its real id, which would let it kill
-    any of root's processes, so the number must reach only the user's."""
+    media; the supervisor that kills it is root, which may kill any process, so the
+    number must reach only the user's."""
     caplog.set_level(logging.INFO, logger="cutfs.serving_user")
     user = ServingUser.named(OTHER_USER)
     roots = subprocess.Popen(["sleep", "301.5"], start_new_session=True)
@@ -555,16 +555,17 @@ def test_a_command_group_a_decoder_names_is_killed_with_the_users_rights_only(
         ["sleep", "301.75"], start_new_session=True, user=OTHER_USER, group=other_gid()
     )
     try:
-        with acting_as(user):  # as the daemon supervises
-            kill_command_group(user, roots.pid)
-            kill_command_group(user, users.pid)
-            kill_command_group(user, 0)  # the daemon's own group: never
-            kill_command_group(user, os.getpgrp())
+        kill_command_group(user, roots.pid)  # from root, as the supervisor does
+        kill_command_group(None, roots.pid)  # a mount reading as root runs no command
+        kill_command_group(user, users.pid)
+        kill_command_group(user, 0)  # the daemon's own group: never
+        kill_command_group(user, os.getpgrp())
         assert users.wait(timeout=20) == -signal.SIGKILL
         assert roots.poll() is None  # root's process lives on
         messages = [record.getMessage() for record in caplog.records]
         assert any(f"group {roots.pid} " in text and "not permitted" in text for text in messages)
         assert any(f"killed the process group {users.pid} " in text for text in messages)
+        assert any(f"ignored the process group {roots.pid} " in text for text in messages)
     finally:
         roots.kill()
         users.kill()

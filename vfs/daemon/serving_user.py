@@ -29,8 +29,6 @@ import os
 import pwd
 import signal
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from pathlib import Path
@@ -39,9 +37,6 @@ from typing import Any
 from cutfs.codec.trust.command_runner import kill_group
 
 log = logging.getLogger("cutfs.serving_user")
-
-#: Root's groups when the daemon started, given back with root.
-_ROOT_GROUPS = tuple(os.getgroups())
 
 #: The exit status of a killing child that failed without an errno (errnos are below it).
 _KILL_CHILD_FAILED = 255
@@ -137,12 +132,6 @@ class ServingUser:
             reason = os.strerror(code) if 0 < code < _KILL_CHILD_FAILED else f"status {code}"
             raise OSError(code, f"the killing process as {self.name} failed: {reason}")
         return True
-
-    def act_as(self) -> None:
-        """Switch the effective ids (and groups) to this user; :func:`act_as_root` undoes it."""
-        os.setgroups(list(self.groups))
-        os.setegid(self.gid)
-        os.seteuid(self.uid)
 
     def describe(self) -> str:
         try:
@@ -242,41 +231,23 @@ _PR_SET_NO_NEW_PRIVS = 38
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def act_as_root() -> None:
-    """Take root back as the effective user (the saved id must be root)."""
-    os.seteuid(0)
-    os.setegid(0)
-    os.setgroups(list(_ROOT_GROUPS))
-
-
-@contextmanager
-def acting_as(user: ServingUser | None) -> Iterator[None]:
-    """Run a block with ``user``'s effective ids (nothing changes for ``None``)."""
-    if user is None:
-        yield
-        return
-    preload_modules()
-    user.act_as()
-    try:
-        yield
-    finally:
-        act_as_root()
-
-
 def kill_command_group(user: ServingUser | None, group: int) -> None:
     """Kill the process group of a command that a decoder announced it started, once the
     decoder is gone (the command would outlive it).
 
     The number comes from a process that parses other people's media, so it is not
-    trusted: it could name any group on the machine.  A daemon acting as ``user`` keeps
-    root as its real id, and the kernel lets a process whose real id is root signal
-    any of root's processes; so the signal is sent from a short-lived process with only
-    ``user``'s ids, which can reach nothing that the decoder (running as ``user``)
-    could not kill itself.  Without a serving user the decoders run as the daemon's own
-    user and the signal is sent directly.  Group numbers below 2, and the daemon's own
-    group, are never signalled.
+    trusted: it could name any group on the machine.  The supervisor, which calls this
+    for decoders that died, is root and may signal any process; so the signal is sent
+    from a short-lived process with only ``user``'s ids, which can reach nothing that the
+    decoder (running as ``user``) could not kill itself.  Without a serving user, a
+    process that is not root signals directly (its decoders are itself); one that is root
+    signals nothing, since commands never run as root and a number named then can only
+    be forged.  Group numbers below 2, and the caller's own group, are never signalled.
     """
     if group < 2 or group == os.getpgrp():
+        return
+    if user is None and os.geteuid() == 0:
+        log.warning("ignored the process group %d a decoder named: no command runs as root", group)
         return
     try:
         killed = kill_group(group) if user is None else user.kill_group(group)

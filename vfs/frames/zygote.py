@@ -189,7 +189,6 @@ def _fork(connection: Connection, target: Callable[..., object], args: tuple[Any
         try:
             connection.close()
             ours.close()
-            name_process("cutfs-decoder")
             target(Connection(theirs.detach()), *args)
             status = 0
         except BaseException:
