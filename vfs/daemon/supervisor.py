@@ -68,6 +68,8 @@ _PUBLISH_SECONDS: Final = 1.0
 _TRIES_BEFORE_SERVING: Final = 3
 #: The longest a serving process may go without running (while it holds no request).
 _MOST_SILENT_SECONDS: Final = 10.0
+#: How long serving processes get to end by themselves once the mount is gone.
+_ENDING_SECONDS: Final = 5.0
 
 
 class ServingFailedError(Exception):
@@ -443,6 +445,15 @@ class Supervisor:
         return True
 
     def close(self) -> None:
+        """Stop every serving process and the log relay.  Once the mount was handed out,
+        the processes see it go away and end by themselves, stopping their decoders and
+        what those left running, and logging it; they get a few seconds for that before
+        they are asked (SIGTERM ends one at once, cleanup undone)."""
+        if self._mount_fd is not None:
+            deadline = time.monotonic() + _ENDING_SECONDS
+            for server in self._servers:
+                if server.process is not None:
+                    server.process.join(max(0.0, deadline - time.monotonic()))
         for server in self._servers:
             server.stop(self._setup)
         self._log_channel.stop()
