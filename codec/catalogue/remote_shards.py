@@ -1,13 +1,16 @@
 """A shard directory in object storage (``s3://bucket/prefix``), opened for serving.
 
-At open, the manifest and the catalogue tables (the cuts and recordings
-tables, file trees and Kaldi order: a few hundred bytes per cut) are
-downloaded once into ``<cache>/catalogues/<digest>`` and memory-mapped from
-there, exactly as a local directory's; the digest covers the location, the
-manifest and the tables' ETags, so a second mount of the same shards
-downloads nothing, and changed tables get a fresh copy.  Each shard is pinned
-(one HEAD, at most ``parallel_heads`` at a time): its size must be the one the
-manifest records, and every later GET is conditional on its ETag.  Audio is
+At open, one listing of the location pins the manifest, the catalogue tables and the
+shards: their sizes and ETags (or generations), on which every later GET is conditional.
+Objects the listing does not show (a location that holds thousands of other objects,
+credentials that may not list) are pinned with a HEAD each, 16 at a time.  The manifest
+and the catalogue tables (the cuts and recordings tables, file trees and Kaldi order: a
+few hundred bytes per cut) are downloaded once, in parallel, into
+``<cache>/catalogues/<digest>`` and memory-mapped from there, exactly as a local
+directory's; the digest covers the location, the manifest and the tables' versions, so a
+second mount of the same shards downloads nothing, and changed tables get a fresh copy.
+Each shard's size must be the one the manifest records.  A cold open costs three round
+trips: the listing, the manifest, the tables.  Audio is
 read through a :class:`cutfs.codec.storage.caching_store.CachingStore` in
 ``<cache>/pieces``: per cold cut, the pieces of its span (and the first time, its
 recording's header), in one GET.
@@ -19,8 +22,10 @@ send no HEAD and agree with the daemon on every object's version.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,13 +38,17 @@ from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES, DEFAULT_MEMORY_BYTES, CachingStore
 from cutfs.codec.storage.object_location import ObjectLocation
-from cutfs.codec.storage.object_service import ObjectStoreError, PinnedObject
+from cutfs.codec.storage.object_service import ObjectStoreError, PinnedObject, same_version
 from cutfs.codec.storage.object_store import ObjectStore
 from cutfs.codec.trust.source_policy import SourcePolicy
+
+log = logging.getLogger("cutfs.remote_shards")
 
 #: A manifest larger than this is not a cutfs manifest (it lists shards, not cuts).
 MAX_MANIFEST_BYTES: Final = 64 << 20
 _PARALLEL_HEADS: Final = 16
+#: Pages of the location's listing read at open, of up to 1 000 objects each.
+_MOST_LISTING_PAGES: Final = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +74,12 @@ class RemoteShards:
         """The shards, for decoding (no cuts table)."""
         return self.open_shards(load_cuts=False)
 
-    def open_shards(self, *, load_cuts: bool) -> ShardSet:
-        pins = {name: PinnedObject(size, etag) for name, size, etag in self.pins}
-        remote = ObjectStore(self.location, deadline_seconds=self.deadline_seconds, pins=pins)
+    def open_shards(self, *, load_cuts: bool, remote: ObjectStore | None = None) -> ShardSet:
+        """The shards, read through ``remote`` (which holds their pins already, and is
+        closed with the shards) or a new store."""
+        if remote is None:
+            pins = {name: PinnedObject(size, etag) for name, size, etag in self.pins}
+            remote = ObjectStore(self.location, deadline_seconds=self.deadline_seconds, pins=pins)
         store = CachingStore(
             remote,
             self.pieces,
@@ -100,25 +112,41 @@ def open_remote_shards(
     location = ObjectLocation.from_uri(uri)
     store = ObjectStore(location, deadline_seconds=deadline_seconds)
     try:
+        listed = _listing(store)
+        store.pin_from(listed, [MANIFEST_FILE, *CATALOGUE_FILES])
         try:
             manifest_bytes = store.get_whole(MANIFEST_FILE, MAX_MANIFEST_BYTES)
         except ObjectStoreError as exc:
             raise SourceError(f"cannot read the manifest: {exc.message}", where=uri) from exc
         shard_names = _shard_names(manifest_bytes, uri)
         catalogue = _fetched_catalogue(store, manifest_bytes, cache_root)
+        store.pin_from(listed, shard_names)
+        del listed
         pins = _pinned_shards(store, shard_names, manifest_bytes)
-    finally:
+        description = RemoteShards(
+            location,
+            catalogue,
+            os.path.join(cache_root, "pieces"),
+            pins,
+            disk_cache_bytes,
+            memory_cache_bytes,
+            deadline_seconds,
+        )
+        return description.open_shards(load_cuts=True, remote=store)
+    except BaseException:
         store.close()
-    description = RemoteShards(
-        location,
-        catalogue,
-        os.path.join(cache_root, "pieces"),
-        pins,
-        disk_cache_bytes,
-        memory_cache_bytes,
-        deadline_seconds,
-    )
-    return description.open_shards(load_cuts=True)
+        raise
+
+
+def _listing(store: ObjectStore) -> dict[str, PinnedObject]:
+    """The location's objects as a bounded listing shows them; none when the store will
+    not list (credentials may allow reading objects and not listing them): every object
+    is then pinned with a HEAD."""
+    try:
+        return store.listed(_MOST_LISTING_PAGES)
+    except ObjectStoreError as exc:
+        log.info("cannot list %s (%s): each object is looked up alone", store.location.uri(), exc)
+        return {}
 
 
 def _shard_names(manifest_bytes: bytes, uri: str) -> list[str]:
@@ -146,9 +174,19 @@ def _shard_names(manifest_bytes: bytes, uri: str) -> list[str]:
     return [str(name) for name in names]
 
 
+def _pin_each(store: ObjectStore, names: list[str]) -> list[PinnedObject]:
+    """Every object's pin: a HEAD for each one not pinned yet, a few at a time."""
+    if all(store.is_pinned(name) for name in names):
+        return [store.pin(name) for name in names]
+    with ThreadPoolExecutor(_PARALLEL_HEADS, thread_name_prefix="cutfs-head") as pool:
+        return list(pool.map(store.pin, names))
+
+
 def _fetched_catalogue(store: ObjectStore, manifest_bytes: bytes, cache_root: str) -> str:
     """The local copy of the manifest and the catalogue tables, downloaded if missing."""
     digest = hashlib.sha256(store.location.uri().encode() + b"\0" + manifest_bytes)
+    with contextlib.suppress(ObjectStoreError):  # the loop below says which one failed
+        _pin_each(store, list(CATALOGUE_FILES))
     for name in CATALOGUE_FILES:
         try:
             digest.update(f"{name}\0{store.version(name)}\0".encode())
@@ -158,14 +196,18 @@ def _fetched_catalogue(store: ObjectStore, manifest_bytes: bytes, cache_root: st
                 where=store.location.uri(),
             ) from exc
 
+    def download(name: str, staging: str) -> None:
+        try:
+            store.download(name, os.path.join(staging, name))
+        except ObjectStoreError as exc:
+            raise SourceError(f"cannot download the catalogue: {exc}", where=name) from exc
+
     def fill(staging: str) -> None:
         with open(os.path.join(staging, MANIFEST_FILE), "wb") as manifest:
             manifest.write(manifest_bytes)
-        for name in CATALOGUE_FILES:
-            try:
-                store.download(name, os.path.join(staging, name))
-            except ObjectStoreError as exc:
-                raise SourceError(f"cannot download the catalogue: {exc}", where=name) from exc
+        with ThreadPoolExecutor(len(CATALOGUE_FILES), thread_name_prefix="cutfs-table") as pool:
+            for done in [pool.submit(download, name, staging) for name in CATALOGUE_FILES]:
+                done.result()
 
     return cached_catalogue(cache_root, digest.hexdigest(), fill)
 
@@ -181,15 +223,14 @@ def _pinned_shards(
         for shard in manifest["shards"]
         if isinstance(shard, dict)
     }
-    with ThreadPoolExecutor(_PARALLEL_HEADS, thread_name_prefix="cutfs-head") as pool:
-        try:
-            pinned = list(pool.map(store.pin, names))
-        except ObjectStoreError as exc:
-            raise SourceError(f"cannot reach a shard: {exc}", where=store.location.uri()) from exc
+    try:
+        pinned = _pin_each(store, names)
+    except ObjectStoreError as exc:
+        raise SourceError(f"cannot reach a shard: {exc}", where=store.location.uri()) from exc
     for name, pin in zip(names, pinned, strict=True):
         size, etag = recorded.get(name, (None, None))
         if (isinstance(size, int) and size != pin.size) or (
-            isinstance(etag, str) and etag != pin.etag
+            isinstance(etag, str) and not same_version(etag, pin.etag)
         ):
             raise ShardFormatError(
                 f"the shard is not the one packed (it has {pin.size} bytes and ETag {pin.etag}, "

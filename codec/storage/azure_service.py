@@ -161,16 +161,21 @@ class AzureService:
         reply = self._call("upload_blob", key, lambda: blob.upload_blob(data, overwrite=True))
         return str(reply["etag"])
 
-    def list_page(self, prefix: str, token: str | None) -> tuple[dict[str, int], str | None]:
-        def page() -> tuple[dict[str, int], str | None]:
+    def list_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[dict[str, PinnedObject], str | None]:
+        def page() -> tuple[dict[str, PinnedObject], str | None]:
             pages: Any = self._container.list_blobs(
                 name_starts_with=prefix, results_per_page=1000
             ).by_page(continuation_token=token)
-            listed = {str(blob.name): int(blob.size) for blob in next(pages)}
+            listed = {
+                str(blob.name): PinnedObject(int(blob.size), _quoted(str(blob.etag)))
+                for blob in next(pages)
+            }
             following = pages.continuation_token
             return listed, str(following) if following else None
 
-        listed: tuple[dict[str, int], str | None] = self._call("list_blobs", prefix, page)
+        listed: tuple[dict[str, PinnedObject], str | None] = self._call("list_blobs", prefix, page)
         return listed
 
     def delete(self, key: str) -> None:
@@ -284,3 +289,8 @@ def _default_credential(location: ObjectLocation) -> Any:
             where=location.uri(),
         ) from None
     return DefaultAzureCredential()
+
+
+def _quoted(etag: str) -> str:
+    """An ETag as a blob's properties give it (quoted); a listing gives it bare."""
+    return f'"{etag.strip(chr(34))}"'

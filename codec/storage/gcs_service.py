@@ -124,15 +124,20 @@ class GcsService:
         assert reply is not None
         return str(_json(reply.data, key)["generation"])
 
-    def list_page(self, prefix: str, token: str | None) -> tuple[dict[str, int], str | None]:
-        query = {"prefix": prefix, "fields": "items(name,size),nextPageToken"}
+    def list_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[dict[str, PinnedObject], str | None]:
+        query = {"prefix": prefix, "fields": "items(name,size,generation),nextPageToken"}
         if token is not None:
             query["pageToken"] = token
         url = f"{self._endpoint}{self._bucket_path}?{urlencode(query)}"
         reply = self._request("GET", url, prefix)
         assert reply is not None
         listing = _json(reply.data, prefix)
-        page = {str(item["name"]): int(item["size"]) for item in listing.get("items", [])}
+        page = {
+            str(item["name"]): PinnedObject(int(item["size"]), str(item["generation"]))
+            for item in listing.get("items", [])
+        }
         following = listing.get("nextPageToken")
         return page, str(following) if following else None
 

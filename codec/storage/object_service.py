@@ -80,8 +80,11 @@ class ObjectService(Protocol):
 
     def put_bytes(self, key: str, data: bytes) -> str: ...
 
-    def list_page(self, prefix: str, token: str | None) -> tuple[dict[str, int], str | None]:
-        """Keys under ``prefix`` with their sizes, and the token of the next page."""
+    def list_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[dict[str, PinnedObject], str | None]:
+        """Keys under ``prefix`` with their sizes and versions (as :meth:`head` gives
+        them), and the token of the next page."""
         ...
 
     def delete(self, key: str) -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn, TypeVar
@@ -178,6 +178,10 @@ class ObjectStore:
         with self._pins_lock:
             return self._pins.setdefault(name, found)
 
+    def is_pinned(self, name: str) -> bool:
+        with self._pins_lock:
+            return name in self._pins
+
     def size(self, name: str) -> int:
         return self.pin(name).size
 
@@ -236,15 +240,43 @@ class ObjectStore:
     def listing(self, prefix: str = "") -> dict[str, int]:
         """The objects whose names start with ``prefix`` (relative to the location's
         prefix), with their sizes, a page per request."""
-        found: dict[str, int] = {}
+        return {name: listed.size for page in self._pages(prefix) for name, listed in page.items()}
+
+    def listed(self, most_pages: int) -> dict[str, PinnedObject]:
+        """Every object of the location with the size and version a listing gives (a
+        request per page of up to 1 000 objects), at most ``most_pages`` pages of it; to
+        pin many objects at once with :meth:`pin_from`, where :meth:`pin` sends a HEAD
+        per object."""
+        found: dict[str, PinnedObject] = {}
+        for pages, page in enumerate(self._pages(""), start=1):
+            found.update(page)
+            if pages >= most_pages:
+                break
+        return found
+
+    def pin_from(self, listed: dict[str, PinnedObject], names: Iterable[str]) -> list[str]:
+        """Pin those of ``names`` that ``listed`` has (see :meth:`listed`) as it says; the
+        names it lacks are returned, for :meth:`pin`.  Names already pinned stay as they
+        are."""
+        missing = []
+        with self._pins_lock:
+            for name in names:
+                if name in listed:
+                    self._pins.setdefault(name, listed[name])
+                else:
+                    missing.append(name)
+        return missing
+
+    def _pages(self, prefix: str) -> Iterator[dict[str, PinnedObject]]:
+        """The listing of the objects under ``prefix``, a page per request, named relative
+        to the location's prefix."""
         token: str | None = None
         while True:
             page, token = self.retried(prefix, self._page_of(self.location.key(prefix), token))
             self.tally.add(lists=1)
-            for key, size in page.items():
-                found[key[len(self.location.prefix) :]] = size
+            yield {key[len(self.location.prefix) :]: listed for key, listed in page.items()}
             if token is None:
-                return found
+                return
 
     def delete(self, name: str) -> None:
         """Remove object ``name`` (no error when it is not there)."""
@@ -384,7 +416,7 @@ class ObjectStore:
 
     def _page_of(
         self, prefix: str, token: str | None
-    ) -> Callable[[], tuple[dict[str, int], str | None]]:
+    ) -> Callable[[], tuple[dict[str, PinnedObject], str | None]]:
         return lambda: self._service.list_page(prefix, token)
 
     def _check_range(self, name: str, pinned: PinnedObject, start: int, stop: int) -> None:

@@ -129,12 +129,17 @@ class S3Service:
     def put_bytes(self, key: str, data: bytes) -> str:
         return str(self._call("put_object", key, Key=key, Body=data)["ETag"])
 
-    def list_page(self, prefix: str, token: str | None) -> tuple[dict[str, int], str | None]:
+    def list_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[dict[str, PinnedObject], str | None]:
         arguments: dict[str, Any] = {"Prefix": prefix}
         if token is not None:
             arguments["ContinuationToken"] = token
         reply = self._call("list_objects_v2", prefix, **arguments)
-        page = {str(entry["Key"]): int(entry["Size"]) for entry in reply.get("Contents", [])}
+        page = {
+            str(entry["Key"]): PinnedObject(int(entry["Size"]), str(entry["ETag"]))
+            for entry in reply.get("Contents", [])
+        }
         return page, str(reply["NextContinuationToken"]) if reply.get("IsTruncated") else None
 
     def delete(self, key: str) -> None:

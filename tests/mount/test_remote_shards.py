@@ -24,6 +24,7 @@ from support.mounts import (
 from support.references import cut_path, cut_plan, recording_id
 from support.servers import HeaderDroppingProxy, S3Server
 
+from cutfs.codec.catalogue.catalogue_copy import CATALOGUE_FILES
 from cutfs.codec.catalogue.shard_set import ShardSet
 
 pytestmark = [needs_fuse]
@@ -66,7 +67,7 @@ def test_every_file_is_the_same_as_from_the_local_directory(
         assert _stats(mnt)["shards"]["directory"].startswith(f"s3://{BUCKET}/packed")
 
 
-def test_a_cold_cut_costs_one_get_and_a_second_mount_fetches_nothing(
+def test_a_cold_cut_costs_one_get_and_a_second_mount_fetches_only_the_manifest(
     remote: str, shard_dir: str, references: dict[str, object], tmp_path: Path
 ) -> None:
     cuts = [cut for cut in cut_plan(references) if "/" in str(cut["id"])]  # type: ignore[arg-type]
@@ -78,6 +79,10 @@ def test_a_cold_cut_costs_one_get_and_a_second_mount_fetches_nothing(
     options = ("--cache-dir", cache, "--serving-processes", "1", "--cache-size", "1M")
     touched: set[str] = set()
     with mounted(remote, str(tmp_path / "mnt"), *options) as mnt:
+        # One listing pins every object (no HEAD each); the manifest and the tables: a GET each.
+        opened = _store(mnt)
+        assert (opened["lists"], opened["heads"]) == (1, 0), opened
+        assert opened["gets"] == 1 + len(CATALOGUE_FILES), opened
         for cut in cuts:
             before = _store(mnt)
             _read(cut_path(mnt, str(cut["id"])))
@@ -100,7 +105,8 @@ def test_a_cold_cut_costs_one_get_and_a_second_mount_fetches_nothing(
         for cut in cuts:
             _read(cut_path(mnt, str(cut["id"])))
         second = _store(mnt)
-        assert second.get("gets", 0) == 0, second  # every piece came from the disk cache
+        # The manifest only: the tables and every piece came from the disk cache.
+        assert (second["lists"], second["heads"], second["gets"]) == (1, 0, 1), second
         assert second["disk_hits"] > 0
 
 
