@@ -19,7 +19,7 @@ from cutfs.codec.errors import SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.packing.plan import refuse_uncommitted
 from cutfs.codec.sources.source_index import SourceIndex, default_cache_root, prepare_index
-from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
+from cutfs.codec.storage.cache_usage import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.storage.object_store import DEFAULT_STORE_DEADLINE_SECONDS
 from cutfs.codec.trust.source_policy import SourcePolicy

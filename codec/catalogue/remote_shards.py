@@ -36,7 +36,8 @@ from cutfs.codec.catalogue.shard_format import MANIFEST_FILE, is_plain_file_name
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.library import Library
-from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES, DEFAULT_MEMORY_BYTES, CachingStore
+from cutfs.codec.storage.cache_usage import DEFAULT_DISK_BYTES
+from cutfs.codec.storage.caching_store import DEFAULT_MEMORY_BYTES, CachingStore
 from cutfs.codec.storage.object_location import ObjectLocation
 from cutfs.codec.storage.object_service import ObjectStoreError, PinnedObject, same_version
 from cutfs.codec.storage.object_store import ObjectStore

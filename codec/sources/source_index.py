@@ -71,7 +71,7 @@ from cutfs.codec.sources import Refusals, SourceCatalogue, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
 from cutfs.codec.sources.audio_dir import AUDIO_EXTENSIONS
 from cutfs.codec.storage.blob import Blob
-from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
+from cutfs.codec.storage.cache_usage import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.local_store import LocalStore, file_version
 from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.storage.object_store import DEFAULT_STORE_DEADLINE_SECONDS

@@ -36,6 +36,8 @@ _COUNT: Final = struct.Struct("<q")
 #: No cache holds more (an exabyte): a larger count is not one this code wrote.
 _MOST_BYTES: Final = 1 << 60
 FILE_NAME: Final = "usage.count"
+#: The bound of a piece cache directory unless one is given (``--disk-cache-size``).
+DEFAULT_DISK_BYTES: Final = 20 << 30
 
 
 class CacheUsage:

@@ -58,12 +58,11 @@ from cachetools import LRUCache
 
 from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.storage.byte_store import ByteStore
-from cutfs.codec.storage.cache_usage import CacheUsage
+from cutfs.codec.storage.cache_usage import DEFAULT_DISK_BYTES, CacheUsage
 from cutfs.codec.storage.object_service import ObjectStoreError
 from cutfs.codec.trust.private_directory import private_directory
 
 PIECE_BYTES: Final = 16 << 10
-DEFAULT_DISK_BYTES: Final = 20 << 30
 DEFAULT_MEMORY_BYTES: Final = 64 << 20
 _ENTRY: Final = struct.Struct("<II")  # crc32, minute last used (0: absent)
 #: A hit rewrites a piece's minute only when it is older than this (a coarse LRU).

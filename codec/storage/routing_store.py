@@ -16,7 +16,8 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from cutfs.codec.storage.byte_store import ByteStore
-from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES, CachingStore
+from cutfs.codec.storage.cache_usage import DEFAULT_DISK_BYTES
+from cutfs.codec.storage.caching_store import CachingStore
 from cutfs.codec.storage.object_location import ObjectLocation, is_remote, split_object_url
 from cutfs.codec.storage.object_store import DEFAULT_STORE_DEADLINE_SECONDS, ObjectStore
 

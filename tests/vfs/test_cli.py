@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import av
@@ -123,3 +124,38 @@ def test_o_options_fold_into_the_same_mount_options_as_flags(
     options = mount_options(args)
     for name, value in expected.items():
         assert getattr(options, name) == value
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--window", "5", "--overlap", "5"], "windows need 0 <= overlap < length"),
+        (["--sample-rate", "0"], "the sample rate must lie in [1, 768000] Hz"),
+        (["--max-entries", "0"], "the entries limit must be positive"),
+    ],
+)
+def test_options_no_mount_can_serve_with_are_usage_errors_before_a_daemon_starts(
+    tmp_path: Path, options: list[str], message: str
+) -> None:
+    result = _run("mount", str(tmp_path), str(tmp_path), *options)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "daemon" not in result.stderr  # said by the command itself
+
+
+def test_the_commands_start_without_importing_what_they_do_not_run() -> None:
+    """`cutfs mount` starts a daemon from a command that imports neither pyarrow, av, numpy,
+    trio nor pyfuse3 (0.8 s on this machine before): only the command it runs does."""
+    probe = (
+        "import sys\n"
+        "from cutfs.vfs.cli.command import _parser\n"
+        "from cutfs.vfs.cli.mount_arguments import mount_options\n"
+        "args = _parser().parse_args(['mount', 'a', 'b', '--window', '5', '--mono'])\n"
+        "mount_options(args).check()\n"
+        "heavy = {'pyarrow', 'av', 'numpy', 'trio', 'pyfuse3', 'tqdm', 'botocore'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

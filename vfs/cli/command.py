@@ -14,31 +14,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import IO, Any, ClassVar, NoReturn
-
-from tqdm import tqdm
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Final, NoReturn
 
 from cutfs import __version__
-from cutfs.codec.catalogue.shard_upgrade import upgrade_shards
-from cutfs.codec.catalogue.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.errors import CutfsError, ShardFormatError
-from cutfs.codec.packing.commit import PackReport, commit_pack
-from cutfs.codec.packing.engines import (
-    LocalEngine,
-    PackEngine,
-    RayEngine,
-    SlurmEngine,
-    default_slurm_folder,
-)
-from cutfs.codec.packing.output import open_pack_output
-from cutfs.codec.packing.packer import pack, pack_in_place
-from cutfs.codec.packing.partition_packer import pack_partition
-from cutfs.codec.packing.plan import make_plan
-from cutfs.codec.packing.progress import PackProgress
-from cutfs.codec.packing.status import read_status
 from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.trust.clean_start import absolute, clean_environment, python_command
-from cutfs.vfs.cli.manpage import render_manpage
 from cutfs.vfs.cli.mount_arguments import (
     add_mount_arguments,
     daemon_options,
@@ -48,12 +29,15 @@ from cutfs.vfs.cli.mount_arguments import (
     o_options_help,
 )
 from cutfs.vfs.cli.printable import printable
-from cutfs.vfs.daemon.mount import ExitCode, MountError, serve
+from cutfs.vfs.daemon.exit_status import ExitCode, how_it_ended
 from cutfs.vfs.daemon.mount_options import DaemonOptions, parse_size
-from cutfs.vfs.daemon.supervisor import how_it_ended
-from cutfs.vfs.fuse.operations import XATTR_PREFIX
-from cutfs.vfs.stats.prometheus import exposition_lines
-from cutfs.vfs.tree.filesystem import CONTROL_DIR, METRICS_FILE, STATS_FILE
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from cutfs.codec.packing.commit import PackReport
+    from cutfs.codec.packing.engines import PackEngine
+    from cutfs.codec.packing.progress import PackProgress
 
 log = logging.getLogger("cutfs")
 
@@ -87,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             fold_o_options(args, args.options)
             options = mount_options(args)
-            _ = options.windows, options.output_format, options.input_limits  # usage errors
+            options.check()  # usage errors, before a daemon starts
         except ValueError as exc:
             parser.error(str(exc))
     _make_paths_absolute(args)
@@ -156,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     pack_parser.add_argument(
         "--shard-size",
         type=_size,
-        default=DEFAULT_SHARD_BYTES,
+        default=_DEFAULT_SHARD_SIZE,
         metavar="BYTES",
         help="bytes per shard, e.g. 512M (default 1G)",
     )
@@ -202,6 +186,11 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_tool_parsers(commands)
     return parser
+
+
+#: ``--shard-size`` unless given: shard_writer's DEFAULT_SHARD_BYTES (not imported here:
+#: it brings pyarrow into every command's start).
+_DEFAULT_SHARD_SIZE: Final = "1G"
 
 
 def _size(text: str) -> int:
@@ -301,7 +290,7 @@ def _pack_step_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--shard-size",
         type=_size,
-        default=DEFAULT_SHARD_BYTES,
+        default=_DEFAULT_SHARD_SIZE,
         metavar="BYTES",
         help="source bytes per partition, each one shard (default 1G)",
     )
@@ -357,6 +346,9 @@ def _partitions(text: str) -> list[int]:
 
 
 def _pack(args: argparse.Namespace) -> int:
+    from cutfs.codec.packing.engines import default_slurm_folder
+    from cutfs.codec.packing.packer import pack, pack_in_place
+
     logging.basicConfig(level=logging.INFO, format="cutfs: %(message)s")
     progress = None if args.quiet else _Progress()
     started = time.monotonic()
@@ -404,6 +396,13 @@ def _pack(args: argparse.Namespace) -> int:
 def _engine(args: argparse.Namespace) -> PackEngine:
     """The engine ``args`` ask for; raises :class:`CutfsError` for one that cannot run
     (before anything is written)."""
+    from cutfs.codec.packing.engines import (
+        LocalEngine,
+        RayEngine,
+        SlurmEngine,
+        default_slurm_folder,
+    )
+
     if args.engine == "slurm":
         engine = SlurmEngine(
             folder=args.slurm_folder or default_slurm_folder(args.output),
@@ -450,6 +449,9 @@ def _pack_step(step: Callable[[], int]) -> int:
 
 
 def _pack_plan(args: argparse.Namespace) -> int:
+    from cutfs.codec.packing.output import open_pack_output
+    from cutfs.codec.packing.plan import make_plan
+
     def step() -> int:
         output = open_pack_output(args.output)
         try:
@@ -468,6 +470,9 @@ def _pack_plan(args: argparse.Namespace) -> int:
 
 
 def _pack_run(args: argparse.Namespace) -> int:
+    from cutfs.codec.packing.output import open_pack_output
+    from cutfs.codec.packing.partition_packer import pack_partition
+
     def step() -> int:
         output = open_pack_output(args.output)
         try:
@@ -492,6 +497,9 @@ def _pack_run(args: argparse.Namespace) -> int:
 
 
 def _pack_commit(args: argparse.Namespace) -> int:
+    from cutfs.codec.packing.commit import commit_pack
+    from cutfs.codec.packing.output import open_pack_output
+
     def step() -> int:
         started = time.monotonic()
         output = open_pack_output(args.output)
@@ -509,6 +517,9 @@ def _pack_commit(args: argparse.Namespace) -> int:
 
 
 def _pack_status(args: argparse.Namespace) -> int:
+    from cutfs.codec.packing.output import open_pack_output
+    from cutfs.codec.packing.status import read_status
+
     def step() -> int:
         output = open_pack_output(args.output)
         try:
@@ -553,6 +564,8 @@ class _Progress:
     def _draw(self, progress: PackProgress) -> None:
         if self._bar is None:
             size = shutil.get_terminal_size()  # 80x24 where the terminal reports none
+            from tqdm import tqdm
+
             self._bar = tqdm(
                 total=progress.recordings,
                 unit="rec",
@@ -577,6 +590,8 @@ class _Progress:
 def _mount(args: argparse.Namespace) -> int:
     if not args.foreground:
         return _mount_in_background(args)
+    from cutfs.vfs.daemon.mount import MountError, serve
+
     if args.ready_fd is not None and args.log_file is None:
         args.log_file = "syslog"  # started in the background: stderr goes nowhere
     _configure_logging(daemon_options(args))
@@ -803,10 +818,10 @@ class _VersionAction(argparse.Action):
 
 def version_text() -> str:
     """cutfs's version and those of the libraries that decide what it reads and serves."""
-    import av  # noqa: PLC0415 - only for --version
-    import pyarrow  # noqa: PLC0415
-    import pyfuse3  # noqa: PLC0415
-    import soundfile  # noqa: PLC0415
+    import av
+    import pyarrow
+    import pyfuse3
+    import soundfile
 
     ffmpeg = getattr(av, "ffmpeg_version_info", "unknown")
     return "\n".join(
@@ -831,13 +846,15 @@ def _libfuse_version() -> str:
 
 
 def _completion(args: argparse.Namespace) -> int:
-    import shtab  # noqa: PLC0415 - only for completion
+    import shtab
 
     print(shtab.complete(_parser(), shell=args.shell))
     return ExitCode.OK
 
 
 def _manpage(args: argparse.Namespace) -> int:
+    from cutfs.vfs.cli.manpage import render_manpage
+
     if args.markdown:
         print(markdown_table(), end="")
         return ExitCode.OK
@@ -846,6 +863,9 @@ def _manpage(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    from cutfs.vfs.stats.prometheus import exposition_lines
+    from cutfs.vfs.tree.control_view import CONTROL_DIR, METRICS_FILE, STATS_FILE
+
     if args.prometheus:
         metrics = os.path.join(args.mountpoint, CONTROL_DIR, METRICS_FILE)
         try:
@@ -877,6 +897,8 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _which(args: argparse.Namespace) -> int:
+    from cutfs.vfs.fuse.operations import XATTR_PREFIX
+
     status = ExitCode.OK
     for number, path in enumerate(args.paths):
         try:
@@ -933,6 +955,8 @@ def format_stats(stats: dict[str, Any]) -> str:
 
 
 def _upgrade(args: argparse.Namespace) -> int:
+    from cutfs.codec.catalogue.shard_upgrade import upgrade_shards
+
     if is_remote(args.directory):
         print(
             "cutfs upgrade: error: upgrade a local copy of the directory, then upload its "

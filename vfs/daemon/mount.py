@@ -31,6 +31,7 @@ from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.trust.clean_start import is_clean
 from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.daemon import kernel_tuning
+from cutfs.vfs.daemon.exit_status import ExitCode
 from cutfs.vfs.daemon.mount_options import MountOptions
 from cutfs.vfs.daemon.serving_process import (
     OpenedReport,
@@ -49,17 +50,6 @@ from cutfs.vfs.fuse.device_channel import answer_init
 from cutfs.vfs.tree.span_table import SharedSpanTable
 
 log = logging.getLogger("cutfs.mount")
-
-
-class ExitCode:
-    """Exit statuses of ``cutfs mount``, one per kind of start-up failure."""
-
-    OK = 0
-    ERROR = 1  # unexpected failure
-    USAGE = 2  # bad command line
-    BAD_SHARDS = 3  # the source (shards, manifests, dataset) is missing, unreadable or inconsistent
-    BAD_MOUNTPOINT = 4  # the mountpoint is missing, not a directory, or mounting failed
-    NO_FUSE = 5  # /dev/fuse or fusermount3 is missing
 
 
 class MountError(Exception):

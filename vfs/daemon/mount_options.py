@@ -19,17 +19,21 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import Field, dataclass, field, fields
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from cutfs.codec.audio.output_format import OutputFormat
-from cutfs.codec.storage.caching_store import DEFAULT_DISK_BYTES
+from cutfs.codec.storage.cache_usage import DEFAULT_DISK_BYTES
 from cutfs.codec.trust.clean_start import absolute
 from cutfs.codec.trust.command_runner import CommandLimits
-from cutfs.codec.trust.limits import InputLimits
+from cutfs.codec.trust.limits import MAX_SAMPLE_RATE_HZ, InputLimits
 from cutfs.codec.trust.source_policy import DEFAULT_CACHE_QUOTA_BYTES
-from cutfs.vfs.frames.decode_pool import DEFAULT_DEADLINE_SECONDS
-from cutfs.vfs.fuse.operations import Ownership
-from cutfs.vfs.tree.windows_view import Windows
+
+if TYPE_CHECKING:  # what the options make is imported where it is made (numpy, av, pyfuse3)
+    from cutfs.codec.audio.output_format import OutputFormat
+    from cutfs.vfs.fuse.operations import Ownership
+    from cutfs.vfs.tree.windows_view import Windows
+
+#: How long a read may wait for its data by default (``--read-timeout``).
+DEFAULT_READ_TIMEOUT_SECONDS: Final = 30.0
 
 #: How many processes decode in turn by default at most (one per core below that): each
 #: holds its own decoders and share of the block cache (about 65 MB besides the cache,
@@ -240,7 +244,7 @@ class MountOptions:
         default_text="cores, at most 4",
     )
     read_timeout_seconds: float = option(
-        DEFAULT_DEADLINE_SECONDS,
+        DEFAULT_READ_TIMEOUT_SECONDS,
         "--read-timeout",
         "fail a read with EIO when its data takes longer than this, instead of hanging on "
         "stalled storage",
@@ -409,11 +413,15 @@ class MountOptions:
 
     @property
     def ownership(self) -> Ownership:
+        from cutfs.vfs.fuse.operations import Ownership  # noqa: PLC0415 - see the imports
+
         return Ownership(self.uid, self.gid, self.file_mode, self.dir_mode, self.time_ns)
 
     @property
     def output_format(self) -> OutputFormat:
         """Sample rate, mono and sample format of every WAV file; ValueError if invalid."""
+        from cutfs.codec.audio.output_format import OutputFormat  # noqa: PLC0415
+
         return OutputFormat(self.sample_rate, self.mono, self.float32)
 
     @property
@@ -421,7 +429,20 @@ class MountOptions:
         """``windows/`` of every recording (None: no such directory); ValueError if invalid."""
         if self.window_seconds is None:
             return None
+        from cutfs.vfs.tree.windows_view import Windows  # noqa: PLC0415 - see the imports
+
         return Windows(self.window_seconds, self.overlap_seconds)
+
+    def check(self) -> None:
+        """Raise ValueError for values no mount can serve with, as the daemon would when
+        it makes what they describe (:attr:`output_format`, :attr:`windows`,
+        :attr:`input_limits`), without importing what those need: the command checks
+        them before it starts a daemon."""
+        if self.sample_rate is not None and not 0 < self.sample_rate <= MAX_SAMPLE_RATE_HZ:
+            raise ValueError(f"the sample rate must lie in [1, {MAX_SAMPLE_RATE_HZ}] Hz")
+        if self.window_seconds is not None and not 0 <= self.overlap_seconds < self.window_seconds:
+            raise ValueError("windows need 0 <= overlap < length")
+        _ = self.input_limits
 
     @property
     def input_limits(self) -> InputLimits:

@@ -29,7 +29,6 @@ import logging
 import multiprocessing
 import os
 import select
-import signal
 import socket
 import time
 from dataclasses import replace
@@ -40,6 +39,7 @@ from typing import Final
 
 import trio
 
+from cutfs.vfs.daemon.exit_status import how_it_ended
 from cutfs.vfs.daemon.log_channel import LogChannel
 from cutfs.vfs.daemon.request_slot import RequestSlot
 from cutfs.vfs.daemon.serving_process import (
@@ -80,17 +80,6 @@ class ServingFailedError(Exception):
         self.at_source = at_source
 
 
-def how_it_ended(status: int) -> str:
-    """A process's end for a message: "exited with status N" or "was killed by SIGNAME"
-    (``status`` as ``subprocess`` and ``multiprocessing`` give it: minus the signal)."""
-    if status >= 0:
-        return f"exited with status {status}"
-    try:
-        return f"was killed by {signal.Signals(-status).name}"
-    except ValueError:
-        return f"was killed by signal {-status}"
-
-
 def _ended_before_report(process: BaseProcess) -> ServingFailedError:
     return ServingFailedError(
         f"the serving process {how_it_ended(process.exitcode or 0)} before it opened the "
@@ -111,6 +100,17 @@ def mount_device_fd() -> int:
     if len(found) != 1:
         raise OSError(f"expected one /dev/fuse descriptor in the daemon, found {len(found)}")
     return found[0]
+
+
+def _hand_slot(connection: Connection, slot: RequestSlot, process: BaseProcess) -> None:
+    """Give a process just started its request slot.  One that died before it took it
+    (killed at start) is no error here: it is seen to have ended, as any other death."""
+    try:
+        reduction.send_handle(connection, slot.descriptor, process.pid)
+    except OSError:
+        process.join(1)
+        if process.exitcode is None:
+            raise
 
 
 class _Server:
@@ -150,7 +150,7 @@ class _Server:
             )
             self.process.start()
             child_end.close()
-            reduction.send_handle(parent_end, slot.descriptor, self.process.pid)
+            _hand_slot(parent_end, slot, self.process)
         except BaseException:
             slot.close()
             parent_end.close()

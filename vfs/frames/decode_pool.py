@@ -48,6 +48,7 @@ from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.library import Library, LibrarySpec
 from cutfs.codec.trust.command_runner import announce_groups_to
 from cutfs.codec.trust.source_policy import SourcePolicy
+from cutfs.vfs.daemon.mount_options import DEFAULT_READ_TIMEOUT_SECONDS
 from cutfs.vfs.daemon.process_name import name_process
 from cutfs.vfs.daemon.request_slot import RequestSlot
 from cutfs.vfs.daemon.serving_user import ServingUser, drop_privileges, kill_command_group
@@ -69,7 +70,6 @@ from cutfs.vfs.stats.statistics import Statistics
 
 log = logging.getLogger("cutfs.decode_pool")
 
-DEFAULT_DEADLINE_SECONDS = 30.0
 #: How long a decoder worker may take to start (import its modules, open the library)
 #: when the read deadline is shorter.
 WORKER_START_SECONDS: Final = 60.0
@@ -108,7 +108,7 @@ class DecodePool:
         self,
         library: Library,
         workers: int,
-        deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
+        deadline_seconds: float = DEFAULT_READ_TIMEOUT_SECONDS,
         statistics: Statistics | None = None,
         profile: bool = False,
         *,
