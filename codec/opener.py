@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import os
 
+from cutfs.codec.cache_root import default_cache_root
 from cutfs.codec.catalogue.remote_shards import open_remote_shards
 from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
 from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import SourceError
 from cutfs.codec.library import Library
 from cutfs.codec.packing.plan import refuse_uncommitted
-from cutfs.codec.sources.source_index import SourceIndex, default_cache_root, prepare_index
+from cutfs.codec.sources.source_index import SourceIndex, prepare_index
 from cutfs.codec.storage.cache_usage import DEFAULT_DISK_BYTES
 from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.storage.object_store import DEFAULT_STORE_DEADLINE_SECONDS

@@ -52,6 +52,7 @@ from cutfs.codec.audio.decoder import DecodeTrace, decode_frames, decode_spans
 from cutfs.codec.audio.pcm import Int16Array
 from cutfs.codec.audio.recording import Recording
 from cutfs.codec.audio.recording_indexer import index_recording
+from cutfs.codec.cache_root import default_cache_root
 from cutfs.codec.catalogue.cut_table import CutTable, mentions_of
 from cutfs.codec.catalogue.file_tree import FileTree, served_paths, write_file_tree
 from cutfs.codec.catalogue.kaldi_order import KALDI_ORDER_FILE, KaldiOrder, write_kaldi_order
@@ -157,18 +158,6 @@ def duration_tolerance_seconds() -> float:
             where="LHOTSE_AUDIO_DURATION_MISMATCH_TOLERANCE",
         )
     return value
-
-
-def default_cache_root() -> str:
-    """Where index directories go unless told: ``$CUTFS_CACHE_DIR``, systemd's
-    ``$CACHE_DIRECTORY``, else ``/var/cache/cutfs`` for root and ``~/.cache/cutfs`` for others."""
-    explicit = os.environ.get("CUTFS_CACHE_DIR") or os.environ.get("CACHE_DIRECTORY")
-    if explicit:  # CACHE_DIRECTORY: what systemd's CacheDirectory= made (the first of them)
-        return explicit.split(":")[0]
-    if os.geteuid() == 0:
-        return "/var/cache/cutfs"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "cutfs")
 
 
 def prepare_index(source: str, cache_root: str, policy: SourcePolicy | None = None) -> str:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import hashlib
@@ -730,7 +729,7 @@ def _minute() -> int:
     return max(int(time.time() // 60), 1)
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # libc, as linked: find_library would run ldconfig
 
 
 def _punch(descriptor: int, offset: int, length: int) -> None:

@@ -26,14 +26,14 @@ from dataclasses import replace
 import pyfuse3
 import trio
 
-from cutfs.codec.sources.source_index import default_cache_root
+from cutfs.codec.cache_root import default_cache_root
 from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.trust.clean_start import is_clean
 from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.daemon import kernel_tuning
 from cutfs.vfs.daemon.exit_status import ExitCode
 from cutfs.vfs.daemon.mount_options import MountOptions
-from cutfs.vfs.daemon.serving_process import (
+from cutfs.vfs.daemon.serving_setup import (
     OpenedReport,
     ServingSetup,
     shared_spans_path,
@@ -47,7 +47,6 @@ from cutfs.vfs.daemon.serving_user import (
 )
 from cutfs.vfs.daemon.supervisor import ServingFailedError, Supervisor, mount_device_fd
 from cutfs.vfs.fuse.device_channel import answer_init
-from cutfs.vfs.tree.span_table import SharedSpanTable
 
 log = logging.getLogger("cutfs.mount")
 
@@ -279,6 +278,8 @@ def _shared_directory(stack: ExitStack, user: ServingUser | None) -> str:
     """
     directory = tempfile.mkdtemp(prefix="cutfs-serving-")
     stack.callback(shutil.rmtree, directory, ignore_errors=True)
+    from cutfs.vfs.tree.span_table import SharedSpanTable  # noqa: PLC0415 - numpy, once
+
     SharedSpanTable.create(shared_spans_path(directory))
     os.mkdir(shared_supervisor_directory(directory), mode=0o755)
     for subdirectory in users_shared_paths(directory):

@@ -42,14 +42,13 @@ import trio
 from cutfs.vfs.daemon.exit_status import how_it_ended
 from cutfs.vfs.daemon.log_channel import LogChannel
 from cutfs.vfs.daemon.request_slot import RequestSlot
-from cutfs.vfs.daemon.serving_process import (
+from cutfs.vfs.daemon.serving_setup import (
     MOST_MESSAGE_BYTES,
     READY,
     FailedReport,
     OpenedReport,
     ServingSetup,
     decode_report,
-    serving_main,
     shared_board_path,
     shared_supervisor_path,
 )
@@ -102,6 +101,16 @@ def mount_device_fd() -> int:
     return found[0]
 
 
+def _serving_main(
+    connection: Connection, setup: ServingSetup, index: int, log_writer: socket.socket
+) -> None:
+    """A serving process's start (see :func:`cutfs.vfs.daemon.serving_process.serving_main`),
+    imported there: the supervisor never imports what serving needs."""
+    from cutfs.vfs.daemon.serving_process import serving_main  # noqa: PLC0415
+
+    serving_main(connection, setup, index, log_writer)
+
+
 def _hand_slot(connection: Connection, slot: RequestSlot, process: BaseProcess) -> None:
     """Give a process just started its request slot.  One that died before it took it
     (killed at start) is no error here: it is seen to have ended, as any other death."""
@@ -143,7 +152,7 @@ class _Server:
         slot = RequestSlot.create()
         try:
             self.process = context.Process(
-                target=serving_main,
+                target=_serving_main,
                 args=(child_end, setup, self.index, log_writer),
                 daemon=False,  # it starts decoder workers; it dies with the supervisor instead
                 name=f"cutfs-serving-{self.index}",

@@ -40,7 +40,7 @@ import select
 import struct
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pyfuse3
 import trio
@@ -48,9 +48,11 @@ import trio
 from cutfs.vfs.daemon import kernel_tuning
 from cutfs.vfs.daemon.doorbell import Doorbell
 from cutfs.vfs.daemon.request_slot import RequestSlot
-from cutfs.vfs.fuse.operations import Operations
 from cutfs.vfs.fuse.page_pusher import MOST_PUSH_BYTES, PagePusher
-from cutfs.vfs.tree.filesystem import ReadBuffers
+
+if TYPE_CHECKING:  # the supervisor uses this module's device functions without them
+    from cutfs.vfs.fuse.operations import Operations
+    from cutfs.vfs.tree.filesystem import ReadBuffers
 
 log = logging.getLogger("cutfs.device_channel")
 

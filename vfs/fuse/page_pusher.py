@@ -34,16 +34,18 @@ import queue
 import struct
 import threading
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from cutfs.vfs.stats.statistics import Statistics
-from cutfs.vfs.tree.filesystem import ReadBuffers
+
+if TYPE_CHECKING:  # the supervisor imports this module's neighbours; the tree brings pyarrow
+    from cutfs.vfs.tree.filesystem import ReadBuffers
 
 log = logging.getLogger("cutfs.page_pusher")
 
 #: An inode, the offset its bytes start at, what makes them, and what is set once the
 #: push is over (written, refused or dropped).
-_Push = tuple[int, int, Callable[[], ReadBuffers], threading.Event]
+_Push = tuple[int, int, "Callable[[], ReadBuffers]", threading.Event]
 
 _OUT_HEADER = struct.Struct("<IiQ")  # len, notify code, unique (0: a notification)
 _STORE_OUT = struct.Struct("<QQII")  # nodeid, offset, size, padding
