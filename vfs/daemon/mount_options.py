@@ -26,14 +26,12 @@ from cutfs.codec.trust.clean_start import absolute
 from cutfs.codec.trust.command_runner import CommandLimits
 from cutfs.codec.trust.limits import MAX_SAMPLE_RATE_HZ, InputLimits
 from cutfs.codec.trust.source_policy import DEFAULT_CACHE_QUOTA_BYTES
+from cutfs.vfs.daemon.request_slot import DEFAULT_READ_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:  # what the options make is imported where it is made (numpy, av, pyfuse3)
     from cutfs.codec.audio.output_format import OutputFormat
     from cutfs.vfs.fuse.operations import Ownership
     from cutfs.vfs.tree.windows_view import Windows
-
-#: How long a read may wait for its data by default (``--read-timeout``).
-DEFAULT_READ_TIMEOUT_SECONDS: Final = 30.0
 
 #: How many processes decode in turn by default at most (one per core below that): each
 #: holds its own decoders and share of the block cache (about 65 MB besides the cache,

@@ -31,6 +31,10 @@ from typing import Final
 
 #: unique, inode, deadline (monotonic seconds), a command's process group (0: none), the
 #: process's last beat (monotonic seconds; 0: none yet)
+#: How long a read may wait for its data unless told (``--read-timeout``): the deadline
+#: a request gets, and a decode.
+DEFAULT_READ_TIMEOUT_SECONDS: Final = 30.0
+
 _LAYOUT: Final = struct.Struct("<QQdqd")
 _REQUEST: Final = struct.Struct("<QQd")
 _UNIQUE: Final = struct.Struct("<Q")

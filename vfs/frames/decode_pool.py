@@ -48,9 +48,8 @@ from cutfs.codec.errors import CutfsError, ShardFormatError
 from cutfs.codec.library import Library, LibrarySpec
 from cutfs.codec.trust.command_runner import announce_groups_to
 from cutfs.codec.trust.source_policy import SourcePolicy
-from cutfs.vfs.daemon.mount_options import DEFAULT_READ_TIMEOUT_SECONDS
 from cutfs.vfs.daemon.process_name import name_process
-from cutfs.vfs.daemon.request_slot import RequestSlot
+from cutfs.vfs.daemon.request_slot import DEFAULT_READ_TIMEOUT_SECONDS, RequestSlot
 from cutfs.vfs.daemon.serving_user import ServingUser, drop_privileges, kill_command_group
 from cutfs.vfs.frames.worker_message import (
     MOST_MESSAGE_BYTES,
