@@ -59,6 +59,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPOSITORY / "docs" / "bench")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--delays", type=int, nargs="+", default=[10], metavar="MS")
+    parser.add_argument(
+        "--serving-processes",
+        type=int,
+        nargs="+",
+        default=[0],
+        metavar="N",
+        help="mount with N serving processes (0: the default, one per core)",
+    )
     args = parser.parse_args()
     shards = _shards(args.work)
     os.environ.update(
@@ -70,7 +78,8 @@ def main() -> int:
         for delay in args.delays:
             with _proxy(port, delay) as proxied:
                 uri = f"s3://{BUCKET}/shards?endpoint_override=127.0.0.1:{proxied}&scheme=http"
-                rows += _rounds(uri, shards, delay, args.rounds)
+                for processes in args.serving_processes:
+                    rows += _rounds(uri, shards, delay, args.rounds, processes)
     results = {"machine": _machine(), "shards": shards, "rounds": args.rounds, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "start.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -129,7 +138,9 @@ def _upload(port: int, shards: str) -> None:
     client.close()
 
 
-def _rounds(uri: str, shards: str, delay_ms: int, rounds: int) -> list[dict[str, Any]]:
+def _rounds(
+    uri: str, shards: str, delay_ms: int, rounds: int, processes: int
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for _ in range(rounds):
         with tempfile.TemporaryDirectory(prefix="cutfs-start-") as scratch:
@@ -139,8 +150,10 @@ def _rounds(uri: str, shards: str, delay_ms: int, rounds: int) -> list[dict[str,
                 ("mount s3:// (warm)", uri, cache),
                 ("mount local", shards, os.path.join(scratch, "local-cache")),
             ):
-                seconds, requests = _timed_mount(source, kept, os.path.join(scratch, "mnt"))
-                rows.append({"what": name, "delay_ms": delay_ms, "seconds": seconds, **requests})
+                mountpoint = os.path.join(scratch, "mnt")
+                seconds, requests = _timed_mount(source, kept, mountpoint, processes)
+                what = f"{name}, {processes} serving processes" if processes else name
+                rows.append({"what": what, "delay_ms": delay_ms, "seconds": seconds, **requests})
             opened = os.path.join(scratch, "open-cache")
             for name in ("cutfs.open s3:// (cold)", "cutfs.open s3:// (warm)"):
                 probe = [sys.executable, "-I", "-c", OPEN_PROBE, uri, opened]
@@ -152,9 +165,13 @@ def _rounds(uri: str, shards: str, delay_ms: int, rounds: int) -> list[dict[str,
     return rows
 
 
-def _timed_mount(source: str, cache: str, mountpoint: str) -> tuple[float, dict[str, int]]:
+def _timed_mount(
+    source: str, cache: str, mountpoint: str, processes: int
+) -> tuple[float, dict[str, int]]:
     os.makedirs(mountpoint, exist_ok=True)
     command = [*CUTFS, "mount", source, mountpoint, "--cache-dir", cache]
+    if processes:
+        command += ["--serving-processes", str(processes)]
     began = time.perf_counter()
     subprocess.run(command, check=True)
     seconds = time.perf_counter() - began
