@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from object_storage import _free_port, _wait_for_port
+from run import _machine
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CUTFS = [str(Path(sys.executable).with_name("cutfs"))]
@@ -105,7 +107,7 @@ def _moto() -> Iterator[int]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_for_port(port)
+        _wait_for_port(port, "moto's S3 server")
         yield port
     finally:
         server.kill()
@@ -118,7 +120,7 @@ def _proxy(port: int, delay_ms: int) -> Iterator[int]:
     script = str(REPOSITORY / "bench" / "delay_proxy.py")
     proxy = subprocess.Popen([sys.executable, script, str(listen), str(port), str(delay_ms)])
     try:
-        _wait_for_port(listen)
+        _wait_for_port(listen, "the delay proxy")
         yield listen
     finally:
         proxy.kill()
@@ -215,28 +217,8 @@ def _markdown(results: dict[str, Any]) -> str:
             f"{statistics.median(imports):.2f} s (median) in those processes.",
         ]
     machine = results["machine"]
-    lines += ["", f"Machine: {machine['cpus']} CPUs, Linux {machine['kernel']}.", ""]
+    lines += ["", f"Machine: {machine['cores']} CPUs, Linux {machine['kernel']}.", ""]
     return "\n".join(lines)
-
-
-def _machine() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "kernel": os.uname().release, "python": sys.version.split()[0]}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _wait_for_port(port: int, timeout_seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    sys.exit(f"nothing listens on 127.0.0.1:{port} after {timeout_seconds:g} s")
 
 
 if __name__ == "__main__":
