@@ -63,8 +63,8 @@ from cutfs.codec.catalogue.shard_set import ShardSet
 from cutfs.codec.errors import ShardFormatError, SourceError
 from cutfs.codec.sources import Refusals, read_source
 from cutfs.codec.sources.source_index import SourceIndex, prepare_index
-from cutfs.vfs.daemon.serving_user import ServingUser, kill_command_group
 from cutfs.vfs.frames.decode_pool import DecodePool, WorkerDiedError
+from cutfs.vfs.sandbox.serving_user import ServingUser, kill_command_group
 
 pytestmark = [pytest.mark.mount, needs_fuse, needs_root]
 
@@ -810,7 +810,7 @@ def test_only_a_supervisor_that_holds_nothing_of_the_source_keeps_root(
             status = _status(pid)
             assert status["CapPrm"] == status["CapEff"] == "0" * 16, pid
             assert status["NoNewPrivs"] == "1", pid
-            assert status["Seccomp"] == "2", pid  # filtered (cutfs.vfs.daemon.syscall_filter)
+            assert status["Seccomp"] == "2", pid  # filtered (cutfs.vfs.sandbox.syscall_filter)
         assert _ids(supervisor)[0] == [0] * 4
     assert not os.path.ismount(mountpoint)  # the supervisor unmounts
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from cutfs.vfs.daemon.path_confinement import landlock_version
+from cutfs.vfs.sandbox.path_confinement import landlock_version
 
 pytestmark = pytest.mark.skipif(landlock_version() == 0, reason="the kernel has no Landlock")
 
 _ATTEMPTS = """
 import json, os, sys
-from cutfs.vfs.daemon.path_confinement import PathConfinement
-from cutfs.vfs.daemon.serving_user import drop_privileges
+from cutfs.vfs.sandbox.path_confinement import PathConfinement
+from cutfs.vfs.sandbox.serving_user import drop_privileges
 data, cache, home = sys.argv[1:4]
 drop_privileges(None)
 assert PathConfinement.for_data({roots}, (cache,)).install()

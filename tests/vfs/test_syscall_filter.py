@@ -14,8 +14,8 @@ pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64's
 
 _PROLOGUE = """
 import ctypes, os, socket, sys
-from cutfs.vfs.daemon.serving_user import drop_privileges
-from cutfs.vfs.daemon.syscall_filter import SyscallFilter
+from cutfs.vfs.sandbox.serving_user import drop_privileges
+from cutfs.vfs.sandbox.syscall_filter import SyscallFilter
 drop_privileges(None)
 assert SyscallFilter(allow_exec={exec}, allow_network={network}).install()
 print("installed", flush=True)

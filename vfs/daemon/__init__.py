@@ -10,8 +10,7 @@
   decoders, cache, filesystem); :mod:`.request_slot`: the request a process is answering
   and its heartbeat, for the supervisor to see; :mod:`.doorbell`: one process asking
   another to publish now; :mod:`.log_channel`: their log records, as checked plain data.
-- :mod:`.serving_user`: the unprivileged user a root daemon reads its source as, and
-  dropping privileges; :mod:`.syscall_filter`: the seccomp filter of the processes that
-  parse data; :mod:`.process_name`: what they are called in ``ps``.
+- :mod:`.process_name`: what the processes are called in ``ps``.  What they run as, may
+  call and may open is :mod:`cutfs.vfs.sandbox`'s.
 - :mod:`.kernel_tuning`: optional sysfs settings of the mount (read-ahead, background).
 """

@@ -40,13 +40,13 @@ from cutfs.vfs.daemon.serving_setup import (
     shared_supervisor_directory,
     users_shared_paths,
 )
-from cutfs.vfs.daemon.serving_user import (
+from cutfs.vfs.daemon.supervisor import ServingFailedError, Supervisor, mount_device_fd
+from cutfs.vfs.fuse.device_channel import answer_init
+from cutfs.vfs.sandbox.serving_user import (
     ServingUser,
     ServingUserError,
     serving_user,
 )
-from cutfs.vfs.daemon.supervisor import ServingFailedError, Supervisor, mount_device_fd
-from cutfs.vfs.fuse.device_channel import answer_init
 
 log = logging.getLogger("cutfs.mount")
 

@@ -15,7 +15,7 @@ loop (so that one stopped or hung between requests is replaced too), and the pro
 a source's command the request started, if any: the daemon kills that group
 with a process it kills (the command would outlive it), with the serving
 user's ids only, since the number comes from a process that parses others'
-media (see :func:`~cutfs.vfs.daemon.serving_user.kill_command_group`).  Writes are not atomic
+media (see :func:`~cutfs.vfs.sandbox.serving_user.kill_command_group`).  Writes are not atomic
 as a whole: the daemon acts only on a request it saw past its deadline twice,
 one watch interval apart, so a half-written slot is never acted on.
 """

@@ -6,7 +6,7 @@ serving process, in order:
 
 1. receives its :class:`~cutfs.vfs.daemon.request_slot.RequestSlot` (a memfd) and
    opens the time-range table the processes share (a file of root's);
-2. drops every privilege (:func:`~cutfs.vfs.daemon.serving_user.drop_privileges`):
+2. drops every privilege (:func:`~cutfs.vfs.sandbox.serving_user.drop_privileges`):
    the serving user in every id, hence no capability, and ``no_new_privs``;
 3. opens the source, builds its :class:`~cutfs.vfs.daemon.serving_stack.ServingStack`
    (its share of the decoder workers and of the block cache) and reports to the
@@ -55,7 +55,6 @@ from cutfs.codec.storage.object_location import is_remote
 from cutfs.codec.trust.private_directory import private_directory
 from cutfs.vfs.daemon.doorbell import Doorbell
 from cutfs.vfs.daemon.log_channel import handler
-from cutfs.vfs.daemon.path_confinement import PathConfinement
 from cutfs.vfs.daemon.process_name import name_process
 from cutfs.vfs.daemon.request_slot import RequestSlot
 from cutfs.vfs.daemon.serving_setup import (
@@ -72,11 +71,12 @@ from cutfs.vfs.daemon.serving_setup import (
     users_shared_paths,
 )
 from cutfs.vfs.daemon.serving_stack import ProcessShare, ServingStack
-from cutfs.vfs.daemon.serving_user import drop_privileges
-from cutfs.vfs.daemon.syscall_filter import SyscallFilter
 from cutfs.vfs.frames.frame_source import FrameSource
 from cutfs.vfs.frames.zygote import Zygote
 from cutfs.vfs.fuse.device_channel import DeviceChannel
+from cutfs.vfs.sandbox.path_confinement import PathConfinement
+from cutfs.vfs.sandbox.serving_user import drop_privileges
+from cutfs.vfs.sandbox.syscall_filter import SyscallFilter
 from cutfs.vfs.stats.statistics_board import StatisticsBoard
 from cutfs.vfs.tree.span_table import SharedSpanTable
 from cutfs.vfs.tree.view import SPAN_INODE_BASE
@@ -135,7 +135,7 @@ def _make_cache(cache_dir: str) -> None:
 
 def _syscall_filter(setup: ServingSetup) -> SyscallFilter:
     """What this mount's processes that parse data may do (see
-    :mod:`cutfs.vfs.daemon.syscall_filter`): run programs only for the source's commands,
+    :mod:`cutfs.vfs.sandbox.syscall_filter`): run programs only for the source's commands,
     reach the network only for object storage."""
     objects = setup.policy is not None and bool(setup.policy.allowed_objects)
     return SyscallFilter(
@@ -146,7 +146,7 @@ def _syscall_filter(setup: ServingSetup) -> SyscallFilter:
 
 def _path_confinement(setup: ServingSetup) -> PathConfinement | None:
     """Where this mount's processes that parse data may open files (see
-    :mod:`cutfs.vfs.daemon.path_confinement`): read the source's roots, read and write
+    :mod:`cutfs.vfs.sandbox.path_confinement`): read the source's roots, read and write
     the mount's cache and their own parts of the shared directory.  One that reads
     object storage (credentials, certificates) or follows every path (an owner's private
     mount) may read every path, and write only there.  A mount that runs the source's

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from cutfs.codec.trust.source_policy import SourcePolicy
     from cutfs.vfs.daemon.mount_options import MountOptions
-    from cutfs.vfs.daemon.serving_user import ServingUser
+    from cutfs.vfs.sandbox.serving_user import ServingUser
 
 #: What a serving process says once it has its descriptor and serves: plain bytes (the
 #: supervisor unpickles nothing a serving process sends).

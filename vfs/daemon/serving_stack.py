@@ -19,12 +19,12 @@ from cutfs.codec.library import Library
 from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.daemon.doorbell import Doorbell
 from cutfs.vfs.daemon.request_slot import RequestSlot
-from cutfs.vfs.daemon.serving_user import ServingUser
 from cutfs.vfs.frames.block_cache import BlockCache
 from cutfs.vfs.frames.decode_pool import DecodePool
 from cutfs.vfs.frames.frame_source import FrameSource
 from cutfs.vfs.frames.zygote import Zygote
 from cutfs.vfs.fuse.operations import Operations
+from cutfs.vfs.sandbox.serving_user import ServingUser
 from cutfs.vfs.stats.prometheus import render_metrics
 from cutfs.vfs.stats.statistics import Statistics
 from cutfs.vfs.stats.statistics_board import StatisticsBoard

@@ -52,8 +52,8 @@ from cutfs.vfs.daemon.serving_setup import (
     shared_board_path,
     shared_supervisor_path,
 )
-from cutfs.vfs.daemon.serving_user import kill_command_group
 from cutfs.vfs.fuse.device_channel import clone_device, write_reply
+from cutfs.vfs.sandbox.serving_user import kill_command_group
 from cutfs.vfs.stats.statistics import Statistics
 from cutfs.vfs.stats.statistics_board import StatisticsBoard
 

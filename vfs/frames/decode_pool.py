@@ -50,7 +50,6 @@ from cutfs.codec.trust.command_runner import announce_groups_to
 from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.daemon.process_name import name_process
 from cutfs.vfs.daemon.request_slot import DEFAULT_READ_TIMEOUT_SECONDS, RequestSlot
-from cutfs.vfs.daemon.serving_user import ServingUser, drop_privileges, kill_command_group
 from cutfs.vfs.frames.worker_message import (
     MOST_MESSAGE_BYTES,
     Answer,
@@ -65,6 +64,7 @@ from cutfs.vfs.frames.worker_message import (
     encode,
 )
 from cutfs.vfs.frames.zygote import Zygote
+from cutfs.vfs.sandbox.serving_user import ServingUser, drop_privileges, kill_command_group
 from cutfs.vfs.stats.statistics import Statistics
 
 log = logging.getLogger("cutfs.decode_pool")
@@ -118,7 +118,7 @@ class DecodePool:
     ) -> None:
         """``policy`` is what the library was opened with; ``user``, when given, is
         whom the worker processes become before they open it (see
-        :mod:`cutfs.vfs.daemon.serving_user`).  ``in_turn``: decode in the caller, and give
+        :mod:`cutfs.vfs.sandbox.serving_user`).  ``in_turn``: decode in the caller, and give
         indexing its longer deadline through this slot (``workers`` must be 0).
         ``zygote``: fork the workers from it instead of spawning them (a caller that
         dropped its privileges, see :mod:`cutfs.vfs.frames.zygote`)."""

@@ -1,7 +1,7 @@
 """A process that forks decoder workers for a serving process that may not start them.
 
 A serving process runs as the serving user with no capability and
-``no_new_privs`` (see :func:`~cutfs.vfs.daemon.serving_user.drop_privileges`).
+``no_new_privs`` (see :func:`~cutfs.vfs.sandbox.serving_user.drop_privileges`).
 Starting a decoder worker the usual way (``multiprocessing``'s spawn) executes
 the Python interpreter again, which that user may be unable to do: an
 interpreter installed in root's home (pyenv under ``/root``, mode 0700) is
@@ -43,10 +43,10 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
-from cutfs.vfs.daemon.path_confinement import PathConfinement
 from cutfs.vfs.daemon.process_name import name_process
-from cutfs.vfs.daemon.serving_user import ServingUser, drop_privileges
-from cutfs.vfs.daemon.syscall_filter import SyscallFilter
+from cutfs.vfs.sandbox.path_confinement import PathConfinement
+from cutfs.vfs.sandbox.serving_user import ServingUser, drop_privileges
+from cutfs.vfs.sandbox.syscall_filter import SyscallFilter
 
 #: A fork request holds a function and its arguments, pickled: a few KiB.
 _MOST_REQUEST_BYTES: Final = 1 << 20

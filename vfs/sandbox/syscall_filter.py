@@ -2,7 +2,7 @@
 
 Serving processes, the zygote and decoder workers run FFmpeg, libFLAC,
 libsndfile, pyarrow and gzip over files other people wrote, as the serving
-user.  Dropping privileges (:func:`~cutfs.vfs.daemon.serving_user.drop_privileges`)
+user.  Dropping privileges (:func:`~cutfs.vfs.sandbox.serving_user.drop_privileges`)
 limits what code taken over by such data could do to what that user can do;
 this filter removes what none of these processes ever needs, so that a
 taken-over decoder cannot start a shell, reach the network or poke at the

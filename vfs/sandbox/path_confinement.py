@@ -1,6 +1,6 @@
 """Landlock: the paths a process that parses other people's data may open.
 
-The system call filter (:mod:`cutfs.vfs.daemon.syscall_filter`) takes away
+The system call filter (:mod:`cutfs.vfs.sandbox.syscall_filter`) takes away
 programs, the network and the kernel's larger surfaces; it cannot say which
 files may be opened.  Landlock can, for an unprivileged process and everything
 it forks: after :meth:`PathConfinement.install`, the kernel refuses
