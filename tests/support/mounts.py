@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import re
 import shutil
@@ -194,6 +195,23 @@ def mounted(shard_dir: str, mountpoint: str, *options: str) -> Iterator[str]:
     try:
         assert result.returncode == 0, result.stderr
         assert is_mounted(mountpoint)
+        _wait_until_every_process_serves(mountpoint)
         yield mountpoint
     finally:
         unmount(mountpoint)
+
+
+def _wait_until_every_process_serves(mountpoint: str, timeout_seconds: float = 30.0) -> None:
+    """Wait until each serving process of a mount serves: a mount is ready once its first
+    one does, and tests look at them all.  A mount where one never does (a test of
+    faults) is left to its test after ``timeout_seconds``."""
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(os.path.join(mountpoint, ".cutfs", "stats"), "rb", buffering=0) as stats:
+                serving = json.loads(stats.readall())["serving"]
+        except (OSError, ValueError, KeyError):
+            return
+        if serving["ready"] >= serving["processes"]:
+            return
+        time.sleep(0.05)

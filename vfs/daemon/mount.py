@@ -22,9 +22,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
-
-import pyfuse3
-import trio
+from typing import TYPE_CHECKING
 
 from cutfs.codec.cache_root import default_cache_root
 from cutfs.codec.storage.object_location import is_remote
@@ -32,6 +30,7 @@ from cutfs.codec.trust.clean_start import is_clean
 from cutfs.codec.trust.source_policy import SourcePolicy
 from cutfs.vfs.daemon import kernel_tuning
 from cutfs.vfs.daemon.exit_status import ExitCode
+from cutfs.vfs.daemon.log_channel import LogChannel
 from cutfs.vfs.daemon.mount_options import MountOptions
 from cutfs.vfs.daemon.serving_setup import (
     OpenedReport,
@@ -40,13 +39,15 @@ from cutfs.vfs.daemon.serving_setup import (
     shared_supervisor_directory,
     users_shared_paths,
 )
-from cutfs.vfs.daemon.supervisor import ServingFailedError, Supervisor, mount_device_fd
-from cutfs.vfs.fuse.device_channel import answer_init
+from cutfs.vfs.daemon.spawned_process import SpawnedProcess
 from cutfs.vfs.sandbox.serving_user import (
     ServingUser,
     ServingUserError,
     serving_user,
 )
+
+if TYPE_CHECKING:
+    from cutfs.vfs.daemon.supervisor import Supervisor
 
 log = logging.getLogger("cutfs.mount")
 
@@ -129,6 +130,34 @@ def serve(
     mountpoint = os.path.abspath(mountpoint)
     options = _settled(options)
     _check_environment(mountpoint)
+    with ExitStack() as stack:
+        # The serving processes log through this process's handlers (syslog, a file,
+        # the journal), and the first one imports while this one goes on (see
+        # :mod:`cutfs.vfs.daemon.spawned_process`).
+        log_channel = LogChannel()
+        log_channel.start()
+        stack.callback(log_channel.stop)
+        first = SpawnedProcess(1, log_channel.writer)
+        stack.callback(first.close)  # if no supervisor takes it
+        _serve_with(stack, shard_dir, mountpoint, options, on_ready, log_channel, first)
+
+
+def _serve_with(
+    stack: ExitStack,
+    shard_dir: str,
+    mountpoint: str,
+    options: MountOptions,
+    on_ready: Callable[[], None],
+    log_channel: LogChannel,
+    first: SpawnedProcess,
+) -> None:
+    """:func:`serve`, once serving process 1 is on its way: what needs this process's
+    heavier modules (pyfuse3, trio: 0.2 s to import) imports them now, beside it."""
+    import pyfuse3
+    import trio
+
+    from cutfs.vfs.daemon.supervisor import ServingFailedError, Supervisor
+
     remote = is_remote(shard_dir)
     user = _serving_user(options.user, None if remote else shard_dir)
     policy = (
@@ -146,44 +175,41 @@ def serve(
         )
     )
     cache_dir = cache_root_for(options.cache_dir, user)
-    with ExitStack() as stack:
-        setup = ServingSetup(
-            shard_dir,
-            mountpoint,
-            options,
-            cache_dir,
-            policy,
-            user,
-            None,
-            options.processes + 1,
-            _shared_directory(stack, user),
-            logging.getLogger().getEffectiveLevel(),
+    setup = ServingSetup(
+        shard_dir,
+        mountpoint,
+        options,
+        cache_dir,
+        policy,
+        user,
+        None,
+        options.processes + 1,
+        _shared_directory(stack, user),
+        logging.getLogger().getEffectiveLevel(),
+    )
+    supervisor = Supervisor(setup, log_channel, first)
+    stack.callback(supervisor.close)
+    try:
+        opened = supervisor.open_source()
+    except ServingFailedError as exc:
+        code = ExitCode.BAD_SHARDS if exc.at_source else ExitCode.ERROR
+        raise MountError(str(exc), code) from exc
+    try:
+        pyfuse3.init(pyfuse3.Operations(), mountpoint, _fuse_options(options))
+    except RuntimeError as exc:
+        raise MountError(f"cannot mount at {mountpoint}: {exc}", ExitCode.BAD_MOUNTPOINT) from exc
+    _log_mounted(shard_dir, mountpoint, opened, user)
+    try:
+        served = trio.run(_run, on_ready, supervisor, mountpoint, options, user)
+    finally:
+        pyfuse3.close(unmount=True)  # also on errors: never leave a stale mount
+        log.info("unmounted %s", mountpoint)
+    if not served:
+        raise MountError(
+            "no serving process is left (each died before it served): the mount was "
+            "taken down; see the log for why",
+            ExitCode.ERROR,
         )
-        supervisor = Supervisor(setup)
-        stack.callback(supervisor.close)
-        try:
-            opened = supervisor.open_source()
-        except ServingFailedError as exc:
-            code = ExitCode.BAD_SHARDS if exc.at_source else ExitCode.ERROR
-            raise MountError(str(exc), code) from exc
-        try:
-            pyfuse3.init(pyfuse3.Operations(), mountpoint, _fuse_options(options))
-        except RuntimeError as exc:
-            raise MountError(
-                f"cannot mount at {mountpoint}: {exc}", ExitCode.BAD_MOUNTPOINT
-            ) from exc
-        _log_mounted(shard_dir, mountpoint, opened, user)
-        try:
-            served = trio.run(_run, on_ready, supervisor, mountpoint, options, user)
-        finally:
-            pyfuse3.close(unmount=True)  # also on errors: never leave a stale mount
-            log.info("unmounted %s", mountpoint)
-        if not served:
-            raise MountError(
-                "no serving process is left (each died before it served): the mount was "
-                "taken down; see the log for why",
-                ExitCode.ERROR,
-            )
 
 
 def _is_owners_private_mount(source: str, options: MountOptions) -> bool:
@@ -230,6 +256,11 @@ async def _run(
 ) -> bool:
     """Answer INIT, tune the kernel, hand the mount to the serving processes and supervise
     them until unmounted or told to stop (True), or until none is left (False)."""
+    import trio
+
+    from cutfs.vfs.daemon.supervisor import mount_device_fd
+    from cutfs.vfs.fuse.device_channel import answer_init
+
     stop = trio.CancelScope()
     served = True
     async with trio.open_nursery() as nursery:
@@ -278,7 +309,7 @@ def _shared_directory(stack: ExitStack, user: ServingUser | None) -> str:
     """
     directory = tempfile.mkdtemp(prefix="cutfs-serving-")
     stack.callback(shutil.rmtree, directory, ignore_errors=True)
-    from cutfs.vfs.tree.span_table import SharedSpanTable  # noqa: PLC0415 - numpy, once
+    from cutfs.vfs.tree.span_table import SharedSpanTable  # numpy: only here
 
     SharedSpanTable.create(shared_spans_path(directory))
     os.mkdir(shared_supervisor_directory(directory), mode=0o755)
@@ -292,6 +323,8 @@ def _shared_directory(stack: ExitStack, user: ServingUser | None) -> str:
 
 
 async def _stop_on_signal(stop_serving: Callable[[], None]) -> None:
+    import trio
+
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signal_number in signals:
             log.info("received %s: unmounting", signal.Signals(signal_number).name)
@@ -301,6 +334,8 @@ async def _stop_on_signal(stop_serving: Callable[[], None]) -> None:
 
 
 def _fuse_options(options: MountOptions) -> set[str]:
+    import pyfuse3
+
     fuse_options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
     fuse_options |= {"fsname=cutfs", "subtype=cutfs", "ro", "nosuid", "nodev"}
     if options.allow_other:

@@ -4,8 +4,10 @@ The supervisor (:mod:`cutfs.vfs.daemon.supervisor`) mounts, answers the
 kernel's INIT and starts N serving processes; it never opens the source.  Each
 serving process, in order:
 
-1. receives its :class:`~cutfs.vfs.daemon.request_slot.RequestSlot` (a memfd) and
-   opens the time-range table the processes share (a file of root's);
+1. imports what it needs (it may be spawned before the mount is set up, see
+   :mod:`cutfs.vfs.daemon.spawned_process`), receives its setup and its
+   :class:`~cutfs.vfs.daemon.request_slot.RequestSlot` (a memfd) and opens the
+   time-range table the processes share (a file of root's);
 2. drops every privilege (:func:`~cutfs.vfs.sandbox.serving_user.drop_privileges`):
    the serving user in every id, hence no capability, and ``no_new_privs``;
 3. opens the source, builds its :class:`~cutfs.vfs.daemon.serving_stack.ServingStack`
@@ -87,16 +89,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("cutfs.serving_process")
 
 
-def serving_main(
-    connection: Connection, setup: ServingSetup, index: int, log_writer: socket.socket
-) -> None:
-    """A serving process (see the module's docstring); its exit status is 0 once the
-    mount went away, 3 if the source could not be opened, 1 for anything else."""
-    logging.basicConfig(level=setup.log_level, handlers=[handler(log_writer)], force=True)
+def serving_main(connection: Connection, index: int, log_writer: socket.socket) -> None:
+    """A serving process (see the module's docstring), spawned before its mount was set
+    up (:mod:`cutfs.vfs.daemon.spawned_process`): it receives its setup from the
+    supervisor first.  Its exit status is 0 once the mount went away, 3 if the source
+    could not be opened, 1 for anything else."""
+    logging.basicConfig(level=logging.INFO, handlers=[handler(log_writer)], force=True)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     name_process("cutfs-serving")
     _die_with_parent()
     try:
+        setup = _received_setup(connection)
+        logging.getLogger().setLevel(setup.log_level)
         slot = RequestSlot.open(reduction.recv_handle(connection))
         spans = SharedSpanTable(shared_spans_path(setup.shared_dir), SPAN_INODE_BASE)
         # Spills go to the mount's own scratch directory, never a folder others can write.
@@ -123,6 +127,15 @@ def serving_main(
         log.exception("serving process %d failed", index)
         _report(connection, FailedReport(at_source=False, message=f"{type(exc).__name__}: {exc}"))
         raise SystemExit(1) from None
+
+
+def _received_setup(connection: Connection) -> ServingSetup:
+    """The setup the supervisor sends (pickled: it comes from the one process above this
+    one, never from a user)."""
+    setup = connection.recv()
+    if not isinstance(setup, ServingSetup):
+        raise TypeError(f"expected a serving setup, received {type(setup).__name__}")
+    return setup
 
 
 def _make_cache(cache_dir: str) -> None:

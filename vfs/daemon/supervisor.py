@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import multiprocessing
 import os
 import select
 import socket
@@ -52,6 +51,7 @@ from cutfs.vfs.daemon.serving_setup import (
     shared_board_path,
     shared_supervisor_path,
 )
+from cutfs.vfs.daemon.spawned_process import SpawnedProcess
 from cutfs.vfs.fuse.device_channel import clone_device, write_reply
 from cutfs.vfs.sandbox.serving_user import kill_command_group
 from cutfs.vfs.stats.statistics import Statistics
@@ -101,27 +101,6 @@ def mount_device_fd() -> int:
     return found[0]
 
 
-def _serving_main(
-    connection: Connection, setup: ServingSetup, index: int, log_writer: socket.socket
-) -> None:
-    """A serving process's start (see :func:`cutfs.vfs.daemon.serving_process.serving_main`),
-    imported there: the supervisor never imports what serving needs."""
-    from cutfs.vfs.daemon.serving_process import serving_main  # noqa: PLC0415
-
-    serving_main(connection, setup, index, log_writer)
-
-
-def _hand_slot(connection: Connection, slot: RequestSlot, process: BaseProcess) -> None:
-    """Give a process just started its request slot.  One that died before it took it
-    (killed at start) is no error here: it is seen to have ended, as any other death."""
-    try:
-        reduction.send_handle(connection, slot.descriptor, process.pid)
-    except OSError:
-        process.join(1)
-        if process.exitcode is None:
-            raise
-
-
 class _Server:
     """One serving process, seen from the supervisor."""
 
@@ -144,29 +123,24 @@ class _Server:
         #: Processes killed and not reaped yet.
         self._exited: list[BaseProcess] = []
 
-    def start(self, setup: ServingSetup, log_writer: socket.socket) -> None:
-        """Start the process; it opens the source and waits for :meth:`hand_device`."""
+    def start(
+        self, setup: ServingSetup, log_writer: socket.socket, spawned: SpawnedProcess | None = None
+    ) -> None:
+        """Start the process (or take ``spawned``, started earlier) and tell it what to
+        serve; it opens the source and waits for :meth:`hand_device`."""
         self._reap()
-        context = multiprocessing.get_context("spawn")
-        parent_end, child_end = context.Pipe()
+        if spawned is None:
+            spawned = SpawnedProcess(self.index, log_writer)
         slot = RequestSlot.create()
         try:
-            self.process = context.Process(
-                target=_serving_main,
-                args=(child_end, setup, self.index, log_writer),
-                daemon=False,  # it starts decoder workers; it dies with the supervisor instead
-                name=f"cutfs-serving-{self.index}",
-            )
-            self.process.start()
-            child_end.close()
-            _hand_slot(parent_end, slot, self.process)
+            spawned.configure(setup, slot)
         except BaseException:
             slot.close()
-            parent_end.close()
+            spawned.close()
             raise
+        self.process, self._connection = spawned.take()
         self._slot = slot
         self.started = time.monotonic()
-        self._connection = parent_end
         self._ready = False
         self._overdue = None
         self._silent = False
@@ -288,9 +262,14 @@ class _Server:
 class Supervisor:
     """A mount's serving processes: started, handed the mount, watched, replaced, stopped."""
 
-    def __init__(self, setup: ServingSetup) -> None:
-        """``setup.processes``: the supervisor and its serving processes (at least 2)."""
+    def __init__(
+        self, setup: ServingSetup, log_channel: LogChannel, first: SpawnedProcess | None = None
+    ) -> None:
+        """``setup.processes``: the supervisor and its serving processes (at least 2).
+        The processes log through ``log_channel`` (the caller's to stop, after
+        :meth:`close`); ``first``, if given, is serving process 1, spawned early."""
         self._setup = setup
+        self._first = first
         self._servers = [_Server(index) for index in range(1, setup.processes)]
         self._mount_fd: int | None = None
         #: The requests the supervisor failed (missed deadlines, deaths).
@@ -304,16 +283,16 @@ class Supervisor:
             setup.processes,
             shared_supervisor_path(setup.shared_dir),
         )
-        # The processes log through the supervisor's handlers (syslog, a file, the journal).
-        self._log_channel = LogChannel()
-        self._log_channel.start()
+        self._log_channel = log_channel
 
     def open_source(self) -> OpenedReport:
         """Start the first serving process and wait for it to open the source (no time
         limit: indexing a large source takes minutes); then start the others, which
-        must open the same.  Raises :class:`ServingFailedError`."""
+        must open the same (from the index the first one made, if it made one).  Raises
+        :class:`ServingFailedError`."""
         first, *others = self._servers
-        first.start(self._setup, self._log_channel.writer)
+        spawned, self._first = self._first, None
+        first.start(self._setup, self._log_channel.writer, spawned)
         report = first.wait_report()
         self._setup = replace(self._setup, identity=report.identity)
         for server in others:
@@ -329,13 +308,14 @@ class Supervisor:
         log.info("%d serving processes serve the mount", len(self._servers))
 
     async def wait_ready(self, seconds: float) -> None:
-        """Wait until every process serves, for at most ``seconds`` (then go on: the
-        ones that serve answer, and the rest are watched as usual)."""
+        """Wait until the first process serves, for at most ``seconds`` (then go on: it is
+        watched as usual).  The mount answers from then on; the others, which started
+        once the first had opened the source, join as each is ready."""
         with trio.move_on_after(seconds):
-            while not all(server.ready() for server in self._servers):
-                await trio.sleep(0.02)
+            while not self._servers[0].ready():
+                await trio.sleep(0.01)
             return
-        log.warning("not every serving process was ready within %g s", seconds)
+        log.warning("the first serving process was not ready within %g s", seconds)
 
     def describe(self) -> dict[str, object]:
         alive = [s for s in self._servers if s.process is not None and s.process.is_alive()]
@@ -465,7 +445,8 @@ class Supervisor:
                     server.process.join(max(0.0, deadline - time.monotonic()))
         for server in self._servers:
             server.stop(self._setup)
-        self._log_channel.stop()
+        if self._first is not None:  # never started: the mount failed before
+            self._first.close()
 
 
 def _silence_limit(read_timeout_seconds: float) -> float:
