@@ -276,9 +276,10 @@ async def _run(
             _tune_kernel(supervisor.kernel, mountpoint, options, user)
             supervisor.hand_mount(mount_fd)
             await supervisor.wait_ready(options.read_timeout_seconds)
-            supervisor.publish_now()  # .cutfs/stats shows them ready as the mount is
+            supervisor.publish_now()  # .cutfs/stats shows it ready as the mount is
             on_ready()
             _notify_systemd("READY=1")
+            supervisor.start_others()
             served = await supervisor.supervise(mount_fd)
         nursery.cancel_scope.cancel()
     return served

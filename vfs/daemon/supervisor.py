@@ -287,30 +287,35 @@ class Supervisor:
 
     def open_source(self) -> OpenedReport:
         """Start the first serving process and wait for it to open the source (no time
-        limit: indexing a large source takes minutes); then start the others, which
-        must open the same (from the index the first one made, if it made one).  Raises
+        limit: indexing a large source takes minutes).  Raises
         :class:`ServingFailedError`."""
-        first, *others = self._servers
         spawned, self._first = self._first, None
-        first.start(self._setup, self._log_channel.writer, spawned)
-        report = first.wait_report()
+        self._servers[0].start(self._setup, self._log_channel.writer, spawned)
+        report = self._servers[0].wait_report()
         self._setup = replace(self._setup, identity=report.identity)
-        for server in others:
-            server.start(self._setup, self._log_channel.writer)
         return report
 
+    def start_others(self) -> None:
+        """Start the other serving processes, handed the mount at once: they must open
+        what the first one opened (from the index it made, if it made one), and serve
+        as each is ready.  Called once the first serves: started earlier, on few cores,
+        they would slow it down, and the mount with it."""
+        assert self._mount_fd is not None
+        if len(self._servers) > 1:
+            log.info("serving process 1 serves; %d more start", len(self._servers) - 1)
+        for server in self._servers[1:]:
+            server.start(self._setup, self._log_channel.writer)
+            server.hand_device(self._mount_fd)
+
     def hand_mount(self, mount_fd: int) -> None:
-        """Give every process its clone of ``mount_fd``; call once the kernel's INIT
+        """Give the first process its clone of ``mount_fd``; call once the kernel's INIT
         exchange is over (a clone could otherwise read the INIT request)."""
         self._mount_fd = mount_fd
-        for server in self._servers:
-            server.hand_device(mount_fd)
-        log.info("%d serving processes serve the mount", len(self._servers))
+        self._servers[0].hand_device(mount_fd)
 
     async def wait_ready(self, seconds: float) -> None:
         """Wait until the first process serves, for at most ``seconds`` (then go on: it is
-        watched as usual).  The mount answers from then on; the others, which started
-        once the first had opened the source, join as each is ready."""
+        watched as usual).  The mount answers from then on."""
         with trio.move_on_after(seconds):
             while not self._servers[0].ready():
                 await trio.sleep(0.01)
