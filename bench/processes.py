@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 
@@ -43,3 +44,21 @@ def _sum_field(pids: list[int], name: str, field: str, unit: int) -> int:
             continue  # gone meanwhile
         total += sum(int(line.split()[1]) * unit for line in lines if line.startswith(field))
     return total
+
+
+def unmount(path: Path) -> None:
+    """Unmount ``path`` if it is mounted: retried for a few seconds while it is busy (a
+    reader of the previous step may still be closing a file), then lazily."""
+    path = path.resolve()  # /proc/mounts lists absolute paths
+    for attempt in range(26):
+        if not any(
+            line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines()
+        ):
+            return
+        lazy = ["-z"] if attempt == 25 else []
+        done = subprocess.run(
+            ["fusermount3", "-u", *lazy, str(path)], check=False, capture_output=True
+        )
+        if done.returncode != 0 and attempt in (0, 25):
+            print(f"bench: unmounting {path}: {done.stderr.decode().strip()}", flush=True)
+        time.sleep(0.2)

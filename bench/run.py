@@ -37,6 +37,7 @@ from typing import Any, Final
 import numpy as np
 import soundfile
 from processes import daemon_pids, read_bytes
+from processes import unmount as _unmount
 
 from cutfs.codec.catalogue.shard_set import ShardSet
 
@@ -343,24 +344,6 @@ def _mounts(setup: Setup) -> Iterator[Mounts]:
     finally:
         for path in paths.values():
             _unmount(path)
-
-
-def _unmount(path: Path) -> None:
-    """Unmount ``path`` if it is mounted: retried for a few seconds while it is busy (a
-    reader of the previous step may still be closing a file), then lazily."""
-    path = path.resolve()  # /proc/mounts lists absolute paths
-    for attempt in range(26):
-        if not any(
-            line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines()
-        ):
-            return
-        lazy = ["-z"] if attempt == 25 else []
-        done = subprocess.run(
-            ["fusermount3", "-u", *lazy, str(path)], check=False, capture_output=True
-        )
-        if done.returncode != 0 and attempt in (0, 25):
-            print(f"bench: unmounting {path}: {done.stderr.decode().strip()}", flush=True)
-        time.sleep(0.2)
 
 
 def _wait(condition: Callable[[], bool], timeout: float = 60.0) -> None:
