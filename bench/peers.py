@@ -102,8 +102,25 @@ CODECS: dict[str, tuple[str, list[str], int]] = {
     "opus": ("opus", ["-c:a", "libopus", "-b:a", "24k"], 48000),
 }
 TORCHCODEC_BACKEND = "TorchcodecBackend"
-#: ffmpeg's full decodes, 16-bit, by (codec, rate)
-References = dict[tuple[str, int], np.ndarray]
+#: The decoders of :attr:`Reader.decoder`, as the tables name them.
+DECODERS = {"ffmpeg": "FFmpeg (the CLI's)", "pyav": "FFmpeg (PyAV's)", "libsndfile": "libsndfile"}
+#: Full decodes, 16-bit, by (decoder, codec, rate): the ffmpeg CLI's, and those of the
+#: decoders the readers link (see :attr:`Reader.decoder`)
+References = dict[tuple[str, str, int], np.ndarray]
+#: A full decode by PyAV, run by cutfs's Python (.venv-peers has no PyAV): the samples as
+#: cutfs makes 16-bit PCM of float frames (rounded halves to even, clipped).
+PYAV_DECODE = """
+import sys
+import av
+import numpy as np
+
+with av.open(sys.argv[1]) as container, open(sys.argv[2], "wb") as out:
+    for frame in container.decode(audio=0):
+        samples = frame.to_ndarray()
+        if samples.dtype.kind == "f":
+            samples = np.clip(np.rint(samples.astype(np.float64) * 32768.0), -32768, 32767)
+        out.write(np.asarray(samples[0], dtype="<i2").tobytes())
+"""
 
 
 @dataclass(frozen=True)
@@ -135,6 +152,10 @@ class Reader:
     restart: Callable[[], None] | None = None  # cutfs: a new daemon before the batch
     timed_cuts: int | None = None  # time only the first N cuts ...
     untimed: Callable[[Cut], np.ndarray] | None = None  # ... and read the rest with this
+    #: Whose full decode the reader's windows are also compared with: the decoder it
+    #: links ("ffmpeg": the CLI's own FFmpeg; "pyav": the FFmpeg PyAV bundles, which cutfs
+    #: decodes with; "libsndfile").
+    decoder: str = "ffmpeg"
 
 
 @dataclass
@@ -143,6 +164,7 @@ class Result:
     reader: str
     rate: int
     first_call_ms: float
+    decoder: str
     cold_ms: list[float] = field(default_factory=list)
     warm_ms: list[float] = field(default_factory=list)
     windows: list[dict[str, Any]] = field(default_factory=list)
@@ -157,7 +179,7 @@ def main() -> int:
     seconds = 300.0 if args.quick else args.minutes * 60.0
     count = 6 if args.quick else args.cuts
     corpus = _corpus(work, seconds, count, args.seed)
-    references, check = _references(work, corpus)
+    references, check = _references(work, corpus, args.cutfs_python)
     source, declared = _manifests(corpus)
     results: dict[str, Any] = {
         "mode": "quick" if args.quick else "full",
@@ -295,11 +317,12 @@ def _starts(seconds: float, count: int, rng: random.Random) -> list[float]:
 
 
 def _references(
-    work: Path, corpus: dict[str, Original]
+    work: Path, corpus: dict[str, Original], python: Path
 ) -> tuple[References, dict[str, dict[str, Any]]]:
-    """ffmpeg's full decodes as int16, by (codec, rate): every codec at FFmpeg's rate, and
-    Opus at 16 kHz too (for the readers that decode it at 16 kHz); and the check that the
-    f32 decode, quantised here, is the s16 decode."""
+    """Full decodes as int16: ffmpeg's, of every codec at FFmpeg's rate and of Opus at
+    16 kHz too (for the readers that decode it at 16 kHz), with the check that the f32
+    decode, quantised here, is the s16 decode; and those of PyAV (in ``python``) and of
+    libsndfile, at their own rates."""
     directory = work / "references"
     directory.mkdir(exist_ok=True)
     references: References = {}
@@ -320,9 +343,25 @@ def _references(
                 if len(quantised) == len(reference)
                 else f"lengths differ: {len(quantised)} and {len(reference)}",
             }
-            references[(codec, rate)] = reference
-        original.frames = len(references[(codec, original.rate)])
+            references[("ffmpeg", codec, rate)] = reference
+        original.frames = len(references[("ffmpeg", codec, original.rate)])
+        references[("pyav", codec, original.rate)] = _pyav_decode(
+            python, original.path, directory / f"{original.path.name}.pyav.s16le"
+        )
+        file_rate = soundfile.info(str(original.path)).samplerate
+        references[("libsndfile", codec, file_rate)] = _pcm16(
+            soundfile.read(original.path, dtype="float32")[0]
+        )
     return references, check
+
+
+def _pyav_decode(python: Path, path: Path, target: Path) -> np.ndarray:
+    """The full decode of ``path`` by PyAV in cutfs's Python (mono files: channel 0)."""
+    if not target.exists():
+        partial = target.with_name(target.name + ".part")
+        subprocess.run([str(python), "-c", PYAV_DECODE, str(path), str(partial)], check=True)
+        partial.rename(target)
+    return np.fromfile(target, dtype="<i2")
 
 
 def _ffmpeg_decode(path: Path, rate: int, kind: str, target: Path) -> None:
@@ -449,8 +488,8 @@ def _cutfs_readers(
         return soundfile.read(path(cut), dtype="int16")[0]
 
     return [
-        Reader("cutfs, open().read()", original.rate, raw, restart),
-        Reader("cutfs, soundfile", original.rate, with_soundfile, restart),
+        Reader("cutfs, open().read()", original.rate, raw, restart, decoder="pyav"),
+        Reader("cutfs, soundfile", original.rate, with_soundfile, restart, decoder="pyav"),
     ]
 
 
@@ -551,11 +590,11 @@ def _peers(original: Original, array_cuts: int) -> list[Reader]:
             return piece.load_audio()[0]
 
     return [
-        Reader("soundfile", file_rate, with_soundfile),
+        Reader("soundfile", file_rate, with_soundfile, decoder="libsndfile"),
         Reader("torchcodec", original.rate, with_torchcodec),
         Reader("HF datasets, range", original.rate, hf_range),
         Reader('HF datasets, ["array"]', original.rate, hf_array, None, array_cuts, hf_array_once),
-        Reader("Lhotse", recording.sampling_rate, with_lhotse),
+        Reader("Lhotse", recording.sampling_rate, with_lhotse, decoder="libsndfile"),
         Reader("Lhotse, torchcodec backend", recording_tc.sampling_rate, with_lhotse_tc),
     ]
 
@@ -599,8 +638,9 @@ def _measure(reader: Reader, original: Original, references: References) -> Resu
         reader.restart()
     _drop_caches()
     first_ms, _ = _timed(reader.read, original.first)
-    result = Result(original.codec, reader.name, reader.rate, first_ms)
-    reference = references[(original.codec, reader.rate)]
+    result = Result(original.codec, reader.name, reader.rate, first_ms, reader.decoder)
+    reference = references[("ffmpeg", original.codec, reader.rate)]
+    own = references[(reader.decoder, original.codec, reader.rate)]
     for number, cut in enumerate(original.cuts):
         if reader.timed_cuts is None or number < reader.timed_cuts:
             _drop_caches()
@@ -612,6 +652,7 @@ def _measure(reader: Reader, original: Original, references: References) -> Resu
             assert reader.untimed is not None
             samples = again = reader.untimed(cut)
         window = _compare(samples, reference, cut, reader.rate)
+        window["own_exact"] = _exact_against(samples, own, cut, reader.rate)
         window["repeat_differs"] = _differs(samples, again)
         result.windows.append(window)
     return result
@@ -654,6 +695,15 @@ def _compare(
     window["exact"] = placed and window["max_diff_nominal"] == 0
     window["within_1_lsb"] = placed and 0 <= window["max_diff_nominal"] <= 1
     return window
+
+
+def _exact_against(samples: np.ndarray | str, reference: np.ndarray, cut: Cut, rate: int) -> bool:
+    """Whether a window is exactly its place in ``reference`` (length and every sample)."""
+    if isinstance(samples, str):
+        return False
+    pcm = _pcm16(samples)
+    first, expected = round(cut.start * rate), round(CUT_SECONDS * rate)
+    return len(pcm) == expected and np.array_equal(pcm, reference[first : first + expected])
 
 
 def _max_diff(pcm: np.ndarray, reference: np.ndarray, first: int) -> int:
@@ -711,6 +761,8 @@ def _summary(row: Result) -> dict[str, Any]:
         "errors": sorted({w["error"] for w in row.windows if "error" in w}),
         "exact": sum(1 for w in windows if w["exact"]),
         "within_1_lsb": sum(1 for w in windows if w["within_1_lsb"]),
+        "decoder": DECODERS[row.decoder],
+        "own_exact": sum(1 for w in row.windows if w.get("own_exact")),
         "repeat_differs": sum(1 for w in row.windows if w.get("repeat_differs")),
         "expected": round(CUT_SECONDS * row.rate),
         "samples": sorted({w["samples"] for w in windows}),
@@ -759,7 +811,11 @@ def _machine() -> dict[str, Any]:
 
 def _versions(cutfs_python: Path) -> dict[str, str]:
     ffmpeg = subprocess.run(["ffmpeg", "-version"], capture_output=True, text=True, check=True)
-    probe = "import cutfs, importlib.metadata as m; print(m.version('cutfs'), cutfs.__file__)"
+    probe = (
+        "import av, cutfs, importlib.metadata as m; "
+        "print(m.version('cutfs'), cutfs.__file__, av.__version__, "
+        "av.library_versions['libavcodec'][0])"
+    )
     cutfs = subprocess.run(
         [str(cutfs_python), "-c", probe], capture_output=True, text=True, check=True
     ).stdout.split()
@@ -773,6 +829,7 @@ def _versions(cutfs_python: Path) -> dict[str, str]:
     loaded = torchcodec._core.get_ffmpeg_library_versions()["ffmpeg_version"]
     return {
         "cutfs": f"{cutfs[0]} ({commit or 'not a git checkout'})",
+        "PyAV (cutfs's decoder)": f"{cutfs[2]} (libavcodec {cutfs[3]})",
         "torchcodec": f"{torchcodec.__version__} (FFmpeg {loaded})",
         "torch": torch.__version__,
         "datasets": datasets.__version__,
@@ -899,11 +956,16 @@ def _exactness_table(rows: list[dict[str, Any]]) -> list[str]:
         "offsets in samples at the reader's rate: of the first sample (negative: early) and "
         "of the last (negative: the window ends early), median [min, max]; differences in "
         "LSB (1/32768), at the nominal position and at the window's own offset; exact: the "
-        "expected length, offset 0 and no sample different.",
+        "expected length, offset 0 and no sample different. The last column compares each "
+        "window with the full decode by the decoder the reader links: the system's FFmpeg "
+        "(the CLI's: torchcodec), the FFmpeg PyAV bundles (cutfs), libsndfile (soundfile, "
+        "Lhotse's default backend). Decoders of lossy codecs differ by an LSB here and "
+        "there: that column says whether a reader's seeking changed anything.",
         "",
         "| codec | reader | rate | samples (expected) | first-sample offset "
-        "| last-sample offset | max diff nominal | max diff aligned | exact | within 1 LSB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| last-sample offset | max diff nominal | max diff aligned | exact | within 1 LSB "
+        "| exact against its own decoder's full decode |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         samples = ", ".join(str(n) for n in row["samples"]) or "-"
@@ -912,7 +974,8 @@ def _exactness_table(rows: list[dict[str, Any]]) -> list[str]:
             f"| {row['codec']} | {row['reader']} | {row['rate']} | {samples} ({row['expected']}) | "
             f"{_span(row['offset'])} | {_span(row['end_offset'])} | {row['max_diff_nominal']} | "
             f"{row['max_diff_aligned']} | {row['exact']}/{row['windows']}{errors} | "
-            f"{row['within_1_lsb']}/{row['windows']} |"
+            f"{row['within_1_lsb']}/{row['windows']} | "
+            f"{row['own_exact']}/{row['windows']} ({row['decoder']}) |"
         )
     return lines
 
