@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from object_storage import _free_port, _wait_for_port
+from processes import daemon_pids
 from run import _machine
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -183,7 +184,16 @@ def _timed_mount(
         requests = {key: int(store.get(key, 0)) for key in ("lists", "heads", "gets")}
     finally:
         subprocess.run(["fusermount3", "-u", mountpoint], check=True)
+        _wait_for_exit(Path(mountpoint))
     return seconds, requests
+
+
+def _wait_for_exit(mountpoint: Path, timeout_seconds: float = 30.0) -> None:
+    """Wait until the daemon of an unmounted mount and its processes are gone: its later
+    serving processes may still be starting, and would take the cores of the next mount."""
+    deadline = time.monotonic() + timeout_seconds
+    while daemon_pids(mountpoint) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _markdown(results: dict[str, Any]) -> str:
