@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Final
 
-import av
 import numpy as np
 
 from cutfs.codec.audio.decoder import (
@@ -234,6 +233,8 @@ class _Scan:
 
 
 def _scan(blob: memoryview, recording_id: str) -> _Scan:
+    import av  # noqa: PLC0415 - as in cutfs.codec.audio.decoder
+
     scan = _Scan(recording_id)
     try:
         container = open_input(_reader(blob))
@@ -376,6 +377,8 @@ def _seeks_match(blob: memoryview, recording: Recording, scan: _Scan) -> bool:
 
 
 def _transcode_to_flac(blob: memoryview, recording_id: str, workdir: str) -> str:
+    import av  # noqa: PLC0415 - as in cutfs.codec.audio.decoder
+
     descriptor, path = tempfile.mkstemp(prefix="transcoded-", suffix=".flac", dir=workdir)
     os.close(descriptor)
     with open_input(_reader(blob)) as source, av.open(path, mode="w", format="flac") as sink:
@@ -401,6 +404,8 @@ def _transcode_to_flac(blob: memoryview, recording_id: str, workdir: str) -> str
 
 
 def _decoded(container: Any, stream: Any, recording_id: str) -> Iterator[Any]:
+    import av  # noqa: PLC0415 - as in cutfs.codec.audio.decoder
+
     try:
         yield from container.decode(stream)
     except av.error.FFmpegError as exc:

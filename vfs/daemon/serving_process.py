@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import logging
 import os
 import signal
 import socket
 import tempfile
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from multiprocessing import reduction
@@ -187,9 +189,17 @@ def _zygote(
         setup.user,
         syscalls,
         paths,
-        preload=("cutfs.vfs.frames.decode_pool",),
+        preload=("cutfs.vfs.frames.decode_pool", "av"),
         scratch_dir=shared_scratch_path(setup.shared_dir),
     )
+
+
+def _import_in_background(module: str) -> None:
+    """Import ``module`` in a thread: the process serves meanwhile, and a request that
+    needs the module waits for the import (Python's import lock) instead of starting it."""
+    threading.Thread(
+        target=importlib.import_module, args=(module,), name=f"import-{module}", daemon=True
+    ).start()
 
 
 def _report(connection: Connection, report: OpenedReport | FailedReport) -> None:
@@ -260,6 +270,7 @@ def _serve_clone(
         device = reduction.recv_handle(connection)
         channel = DeviceChannel(device, serving.operations, setup.mountpoint)
         connection.send_bytes(READY)
+        _import_in_background("av")  # decoding's, left out of the start (see decoder.py)
         reporter = _indexing_reporter(serving.frames, library) if index == 1 else None
         if options.decode_in_turn:
             trio.run(_serve_in_turn, channel, serving, slot, options.read_timeout_seconds, reporter)
