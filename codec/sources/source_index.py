@@ -27,6 +27,9 @@ environment, else Lhotse's default of 0.5 s; see :func:`duration_tolerance_secon
 recording up to that much shorter is padded by reflecting its last frames, as
 Lhotse pads what it loads; longer audio is cut at the declared length; frames
 beyond the tolerance fail with :class:`cutfs.codec.errors.ManifestMismatchError`.
+An Opus recording declared at another rate than FFmpeg's 48 kHz (the rate that was
+encoded, which Lhotse declares) is served at the declared rate, resampled (see
+:func:`_served_at_declared_rate`); other rate or channel differences fail.
 """
 
 from __future__ import annotations
@@ -49,9 +52,11 @@ from cachetools import LRUCache
 
 from cutfs.codec.audio.cut import Cut, seconds_to_frames
 from cutfs.codec.audio.decoder import DecodeTrace, decode_frames, decode_spans
+from cutfs.codec.audio.output_format import OutputFormat
 from cutfs.codec.audio.pcm import Int16Array
 from cutfs.codec.audio.recording import Recording
 from cutfs.codec.audio.recording_indexer import index_recording
+from cutfs.codec.audio.resampler import Resampler
 from cutfs.codec.cache_root import default_cache_root
 from cutfs.codec.catalogue.cut_table import CutTable, mentions_of
 from cutfs.codec.catalogue.file_tree import FileTree, served_paths, write_file_tree
@@ -66,7 +71,13 @@ from cutfs.codec.catalogue.shard_format import (
     read_table,
     write_table,
 )
-from cutfs.codec.errors import CutfsError, ManifestMismatchError, ShardFormatError, SourceError
+from cutfs.codec.errors import (
+    CutfsError,
+    ManifestMismatchError,
+    ShardFormatError,
+    SourceError,
+    UnsupportedAudioError,
+)
 from cutfs.codec.library import AudioShape, LibrarySpec, RecordingOrigin
 from cutfs.codec.sources import Refusals, SourceCatalogue, read_source
 from cutfs.codec.sources.arrow_dataset import read_parquet_cell
@@ -379,6 +390,9 @@ class SourceIndex:
         self._cut_starts = float_view(cuts, "start_seconds")
         self._cut_durations = float_view(cuts, "duration_seconds")
         self._plans: dict[int, Recording] = {}
+        #: Recordings served at the rate their manifest declares rather than the decoder's
+        #: (Opus, see :func:`_served_at_declared_rate`), and how.
+        self._resamplers: dict[int, Resampler] = {}
         self._blobs: dict[int, tuple[str, int, int]] = {}
         #: (inode, size, modification time) of each blob's file when its plan was made.
         self._blob_stamps: dict[int, str] = {}
@@ -630,7 +644,7 @@ class SourceIndex:
             if (declared.sample_rate, declared.channels) != (
                 recording.sample_rate,
                 recording.channels,
-            ):
+            ) and not self._adopt_declared_rate(recording_index, recording, declared):
                 message = (
                     f"recording {recording_id!r}: the manifest declares "
                     f"{declared.sample_rate} Hz, {declared.channels} channel(s); the audio has "
@@ -638,15 +652,41 @@ class SourceIndex:
                 )
                 self.mismatches[recording_id] = message
                 raise ManifestMismatchError(message, where=self._described_in[recording_index])
-            difference = recording.num_frames - declared.num_frames
+            difference = self._served_frames(recording_index, recording) - declared.num_frames
             if difference:
                 self.mismatches[recording_id] = (
                     f"recording {recording_id!r}: the manifest declares {declared.num_frames} "
-                    f"frames, the audio has {recording.num_frames} ({difference:+d}, "
+                    f"frames, the audio has {declared.num_frames + difference} ({difference:+d}, "
                     f"{difference / declared.sample_rate:+.4f} s; Lhotse's tolerance is "
                     f"{self._tolerance_seconds:g} s)"
                 )
         self._plans[recording_index] = recording
+
+    def _adopt_declared_rate(
+        self, recording_index: int, recording: Recording, declared: AudioShape
+    ) -> bool:
+        """Whether the recording is served at the rate its manifest declares, resampled
+        (and then how is kept); False when that rate cannot be right."""
+        if not _served_at_declared_rate(recording, declared):
+            return False
+        try:
+            resampler = OutputFormat(sample_rate=declared.sample_rate).resampler(
+                recording.sample_rate
+            )
+        except UnsupportedAudioError:
+            return False
+        if resampler is not None:
+            self._resamplers[recording_index] = resampler
+        return True
+
+    def _served_frames(self, recording_index: int, recording: Recording) -> int:
+        """The recording's length as served: at the decoder's rate, or the declared one."""
+        resampler = self._resamplers.get(recording_index)
+        return (
+            recording.num_frames
+            if resampler is None
+            else resampler.output_frames(recording.num_frames)
+        )
 
     def _load_or_compute(self, recording_index: int, trace: DecodeTrace | None) -> Recording:
         key = self._plan_key(recording_index)
@@ -869,8 +909,12 @@ class SourceIndex:
 
     def expect_read(self, recording_index: int, first: int) -> None:
         plan = self._plans.get(recording_index)
-        if plan is not None:
-            plan.seek_index.expect(first - plan.preroll_frames)  # raises nothing
+        if plan is None:
+            return
+        resampler = self._resamplers.get(recording_index)
+        if resampler is not None:  # ``first`` is at the declared rate
+            first = resampler.input_span(first, first + 1, plan.num_frames)[0]
+        plan.seek_index.expect(first - plan.preroll_frames)  # raises nothing
 
     def read_frames(
         self,
@@ -893,20 +937,35 @@ class SourceIndex:
         mismatch = self.mismatches.get(self._recording_ids[recording_index])
         if first_use and mismatch is not None and trace is not None:
             trace.notes.append(mismatch)
-        actual = plan.num_frames
+        actual = self._served_frames(recording_index, plan)
         end = min(end, actual + self._tolerance_frames(recording_index))
         if end <= actual:
-            return self._decode(recording_index, plan, first, max(first, end), trace)
+            return self._served(recording_index, plan, first, max(first, end), trace)
         reflect_from = 2 * actual - 1 - end  # the earliest frame a reflection needs
         if reflect_from < 0:
-            return self._decode(recording_index, plan, first, actual, trace)
+            return self._served(recording_index, plan, first, actual, trace)
         start = min(first, reflect_from)
-        decoded = self._decode(recording_index, plan, start, actual, trace)
+        decoded = self._served(recording_index, plan, start, actual, trace)
         positions = np.arange(max(first, actual), end)
         padding = decoded[2 * actual - 2 - positions - start]
         return np.concatenate(
             [decoded[first - start :] if first < actual else decoded[:0], padding]
         )
+
+    def _served(
+        self, recording_index: int, plan: Recording, first: int, end: int, trace: DecodeTrace | None
+    ) -> Int16Array:
+        """Frames ``[first, end)`` as served: decoded, and resampled to the declared rate
+        where the recording is served at it (the frames of the whole recording resampled,
+        as ``--sample-rate`` makes them: any range is the same wherever a read starts)."""
+        resampler = self._resamplers.get(recording_index)
+        if resampler is None or first >= end:
+            return self._decode(recording_index, plan, first, end, trace)
+        low, high = resampler.input_span(first, end, plan.num_frames)
+        decoded = self._decode(recording_index, plan, low, high, trace)
+        resampled = resampler.resample(decoded.astype(np.float64), low, first, end)
+        served: Int16Array = np.clip(np.rint(resampled), -32768, 32767).astype(np.int16)
+        return served
 
     def _decode(
         self, recording_index: int, plan: Recording, first: int, end: int, trace: DecodeTrace | None
@@ -1033,3 +1092,19 @@ __all__ = [
     "duration_tolerance_seconds",
     "prepare_index",
 ]
+
+
+#: FFmpeg decodes every Opus stream at 48 kHz; its header keeps the rate of the audio that
+#: was encoded, which Lhotse's ``Recording.from_file`` declares (GigaSpeech's manifests do).
+_OPUS_DECODED_RATE: Final = 48000
+
+
+def _served_at_declared_rate(recording: Recording, declared: AudioShape) -> bool:
+    """Whether a recording whose manifest declares another rate than the decoder gives is
+    served at the declared one: Opus (decoded at 48 kHz whatever was encoded) with the
+    channels the manifest declares, as Lhotse loads it."""
+    return (
+        recording.codec_name == "opus"
+        and recording.sample_rate == _OPUS_DECODED_RATE
+        and declared.channels == recording.channels
+    )

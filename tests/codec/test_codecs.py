@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import random
 
-import av
 import numpy as np
 import pytest
 from support.corpus import ENCODINGS
-from support.references import Reference, recording_id
+from support.references import Reference, pyav_decode, recording_id
 
 from cutfs.codec.audio.decoder import DecodeTrace
 from cutfs.codec.audio.recording import DecodeMethod
@@ -59,14 +58,6 @@ def test_random_ranges_match_the_full_decode(
         reference.assert_matches(shards.read_frames(index, first, end), first)
 
 
-def _pyav_full_decode(path: str) -> np.ndarray:
-    """The whole file decoded by PyAV at once, as 16-bit PCM (cutfs's rounding)."""
-    with av.open(path) as container:
-        planes = [frame.to_ndarray() for frame in container.decode(audio=0)]
-    samples = np.concatenate(planes, axis=1).T  # (frames, channels): planar float
-    return np.clip(np.rint(samples.astype(np.float64) * 32768.0), -32768, 32767).astype(np.int16)
-
-
 @pytest.mark.parametrize("name", [n for n in NAMES if n.endswith(".opus")])
 def test_opus_ranges_are_the_full_decode_bit_for_bit_by_the_same_ffmpeg(
     name: str, shards: ShardSet, corpus: dict[str, str]
@@ -79,7 +70,7 @@ def test_opus_ranges_are_the_full_decode_bit_for_bit_by_the_same_ffmpeg(
     recording differed."""
     index = _index(shards, name)
     recording = shards.recordings[index]
-    full = _pyav_full_decode(corpus[name])
+    full = pyav_decode(corpus[name])
     assert full.shape == (recording.num_frames, recording.channels)
     rng = random.Random(f"exact {name}")
     ranges = [(0, 48000), (recording.num_frames - 30000, recording.num_frames)]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.signal import resample_poly
 from support.corpus import wav_header
 from support.mounts import CUTFS, mounted, needs_fuse
 from support.references import (
@@ -25,6 +26,7 @@ from support.references import (
     cut_plan,
     expected_cut,
     expected_file,
+    pyav_decode,
     recording_id,
 )
 
@@ -186,21 +188,21 @@ def _cut(cut_id: str, recording: str, start: float, duration: float) -> dict[str
 def test_manifest_that_disagrees_with_the_audio_follows_lhotse(
     tmp_path: Path, corpus: dict[str, str], references: dict[str, Reference]
 ) -> None:
-    flac, mp3, opus = "flac_mono_16k.flac", "mp3_cbr_mono_16k.mp3", "opus_mono_16k.opus"
+    flac, mp3, opus = "flac_mono_16k.flac", "mp3_cbr_mono_16k.mp3", "opus_stereo_48k.opus"
     flac_frames = len(references[flac].samples)
     mp3_frames = len(references[mp3].samples)
     padded = 150  # within Lhotse's default tolerance (0.5 s, 8000 frames at 16 kHz)
     declared = {
         flac: (16000, flac_frames + padded),
         mp3: (16000, mp3_frames + 16000),  # a second more than the audio: beyond tolerance
-        opus: (16000, 16000 * 30),  # Opus decodes at 48 kHz
+        opus: (16000, 16000 * 30),  # 2 channels, where the manifest names 1 (see below)
     }
     tail_start = (flac_frames - 32000) / 16000
     cuts = [
         _cut("flac-tail", "flac_mono_16k", tail_start, 2.0 + padded / 16000),
         _cut("mp3-middle", "mp3_cbr_mono_16k", 3.0, 4.0),
         _cut("mp3-tail", "mp3_cbr_mono_16k", mp3_frames / 16000 - 1, 2.0),
-        _cut("opus", "opus_mono_16k", 1.0, 1.0),
+        _cut("opus", "opus_stereo_48k", 1.0, 1.0),
     ]
     source = _manifests_with_declared(tmp_path / "manifests", corpus, declared, cuts)
     options = ("--cache-dir", str(tmp_path / "cache"), *allow_corpus(corpus))
@@ -224,6 +226,46 @@ def test_manifest_that_disagrees_with_the_audio_follows_lhotse(
         snapshot = stats(mnt)
         assert snapshot["errors"].get("manifest_mismatch", 0) >= 2
         assert snapshot["counters"]["manifest_mismatches"] >= 1  # the padded FLAC, logged
+
+
+def test_opus_declared_at_the_rate_it_was_encoded_at_is_served_at_that_rate(
+    tmp_path: Path, corpus: dict[str, str]
+) -> None:
+    """Lhotse's ``Recording.from_file`` declares an Opus file at the rate in its header,
+    the rate of the audio that was encoded (GigaSpeech's manifests too), and Lhotse loads
+    it at that rate; FFmpeg decodes every Opus stream at 48 kHz.  Such a recording is
+    served at the declared rate: the whole decode resampled (the filter of
+    ``scipy.signal.resample_poly``), cut where each file starts.  (Before, every read of
+    it failed with EIO: "the manifest declares 16000 Hz; the audio has 48000 Hz".)"""
+    name = "opus_mono_16k.opus"
+    decoded = pyav_decode(corpus[name])[:, 0]
+    resampled = resample_poly(decoded.astype(np.float64), 1, 3)
+    expected = np.clip(np.rint(resampled), -32768, 32767).astype(np.int16)
+    assert len(expected) == -(-len(decoded) // 3)
+    cuts = [
+        _cut("opus-start", "opus_mono_16k", 0.0, 1.5),
+        _cut("opus-middle", "opus_mono_16k", 7.25, 10.0),
+        _cut("opus-end", "opus_mono_16k", len(expected) / 16000 - 2.0, 2.0),
+    ]
+    declared = {name: (16000, len(expected))}
+    source = _manifests_with_declared(tmp_path / "manifests", corpus, declared, cuts)
+    options = ("--cache-dir", str(tmp_path / "cache"), *allow_corpus(corpus))
+    with mounted(source, str(tmp_path / "mnt"), *options) as mnt:
+        for cut in cuts:
+            first = round(float(cut["start"]) * 16000)  # type: ignore[arg-type]
+            frames = round(float(cut["duration"]) * 16000)  # type: ignore[arg-type]
+            with open(cut_path(mnt, str(cut["id"])), "rb") as cut_file:
+                data = cut_file.read()
+            assert data[:44] == wav_header(16000, 1, frames), cut["id"]
+            served = np.frombuffer(data[44:], dtype="<i2").astype(np.int32)
+            wanted = expected[first : first + frames].astype(np.int32)
+            # resample_poly sums in another order: floating-point rounding, 1 LSB at most.
+            assert int(np.abs(served - wanted).max()) <= 1, cut["id"]
+        whole = os.path.join(mnt, "recordings", "opus_mono_16k.wav")
+        assert os.stat(whole).st_size == 44 + 2 * len(expected)
+        snapshot = stats(mnt)
+        assert snapshot["errors"].get("manifest_mismatch", 0) == 0
+        assert snapshot["counters"].get("manifest_mismatches", 0) == 0
 
 
 def test_unreadable_source_is_refused_with_a_message(tmp_path: Path) -> None:

@@ -174,3 +174,15 @@ def close_enough(actual: bytes, expected: bytes, lossless: bool) -> bool:
     a = np.frombuffer(actual[44:], dtype="<i2").astype(np.int32)
     b = np.frombuffer(expected[44:], dtype="<i2").astype(np.int32)
     return bool(np.abs(a - b).max(initial=0) <= 1)
+
+
+def pyav_decode(path: str) -> np.ndarray:
+    """The whole file decoded at once by PyAV, the FFmpeg cutfs decodes with (which may be
+    another version than the command line's), as 16-bit PCM (frames, channels), rounded
+    as cutfs rounds."""
+    import av  # noqa: PLC0415 - only the tests that compare with PyAV's own decode
+
+    with av.open(path) as container:
+        planes = [frame.to_ndarray() for frame in container.decode(audio=0)]
+    samples = np.concatenate(planes, axis=1).T  # planar float: (channels, frames) per frame
+    return np.clip(np.rint(samples.astype(np.float64) * 32768.0), -32768, 32767).astype(np.int16)
