@@ -46,7 +46,6 @@ class SpawnedProcess:
         """Spawn serving process number ``index`` (1 to N), which logs to ``log_writer``."""
         context = multiprocessing.get_context("spawn")
         parent_end, child_end = context.Pipe()
-        self.index = index
         self._taken = False
         self.connection: Connection = parent_end
         self.process: BaseProcess = context.Process(
