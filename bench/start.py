@@ -83,7 +83,8 @@ def main() -> int:
                 uri = f"s3://{BUCKET}/shards?endpoint_override=127.0.0.1:{proxied}&scheme=http"
                 for processes in args.serving_processes:
                     rows += _rounds(uri, shards, delay, args.rounds, processes)
-    results = {"machine": _machine(), "shards": shards, "rounds": args.rounds, "rows": rows}
+    shards_shown = os.path.relpath(shards, REPOSITORY)  # no path of this machine in the results
+    results = {"machine": _machine(), "shards": shards_shown, "rounds": args.rounds, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "start.json").write_text(json.dumps(results, indent=1) + "\n")
     table = _markdown(results)
