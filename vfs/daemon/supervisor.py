@@ -304,7 +304,11 @@ class Supervisor:
         if len(self._servers) > 1:
             log.info("serving process 1 serves; %d more start", len(self._servers) - 1)
         for server in self._servers[1:]:
-            server.start(self._setup, self._log_channel.writer)
+            try:
+                server.start(self._setup, self._log_channel.writer)
+            except OSError as exc:  # the mount serves already: it goes on with fewer
+                log.error("serving process %d could not be started: %s", server.index, exc)
+                continue
             server.hand_device(self._mount_fd)
 
     def hand_mount(self, mount_fd: int) -> None:
