@@ -62,3 +62,54 @@ def unmount(path: Path) -> None:
         if done.returncode != 0 and attempt in (0, 25):
             print(f"bench: unmounting {path}: {done.stderr.decode().strip()}", flush=True)
         time.sleep(0.2)
+
+
+def run_measured(
+    command: list[str], disk: Path, env: dict[str, str] | None = None
+) -> dict[str, float]:
+    """Run ``command`` to its end, sampling every 0.2 s the resident memory of its whole
+    process tree (the sum of ``VmRSS`` over the process and all its descendants: a pack's
+    indexing workers too) and the space used on ``disk``'s file system beyond what was
+    used at the start (spilled runs, unlinked temporary files and the output alike).
+
+    Returns seconds, the peak tree RSS and the peak extra disk use, in bytes.  Raises
+    ``subprocess.CalledProcessError`` when the command fails.
+    """
+    import os  # noqa: PLC0415
+
+    def used() -> int:
+        stat = os.statvfs(disk)
+        return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+
+    disk_at_start = used()
+    started = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    peak_rss = peak_disk = 0
+    while process.poll() is None:
+        peak_rss = max(peak_rss, _sum_field(_tree(process.pid), "status", "VmRSS:", 1024))
+        peak_disk = max(peak_disk, used() - disk_at_start)
+        time.sleep(0.2)
+    seconds = time.perf_counter() - started
+    _, errors = process.communicate()
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, command, stderr=errors)
+    return {"seconds": seconds, "peak_rss_bytes": peak_rss, "peak_disk_bytes": peak_disk}
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from ``/proc/*/stat``."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        found.append(current)
+        queue.extend(parents.get(current, []))
+    return found

@@ -48,10 +48,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from processes import daemon_pids, pss_bytes, read_bytes
+from processes import daemon_pids, pss_bytes, read_bytes, run_measured
 
 from cutfs.codec.catalogue.shard_format import CUTS_SCHEMA, MANIFEST_FILE
-from cutfs.codec.catalogue.shard_writer import write_cut_catalogue
+from cutfs.vfs.daemon.mount_options import parse_size
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
@@ -87,13 +87,21 @@ def main() -> int:
         action="store_true",
         help="only rewrite OUT/scale.md from OUT/scale.json and scale-pack.json",
     )
+    parser.add_argument(
+        "--memory", default="2G", help="the catalogue writer's and the pack's budget (2G)"
+    )
+    parser.add_argument("--write-catalogue", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.write_catalogue:
+        count, directory = args.write_catalogue
+        _write_catalogue(int(count), Path(directory), parse_size(args.memory))
+        return 0
     if args.table_only:
         _write_table(args.out)
         return 0
     args.work.mkdir(parents=True, exist_ok=True)
     base = _base_shards(args.work)
-    packs = [_time_pack(args.work, count) for count in args.pack]
+    packs = [_time_pack(args.work, count, args.memory) for count in args.pack]
     for row in packs:
         print(json.dumps(row), flush=True)
     if packs:
@@ -109,8 +117,9 @@ def main() -> int:
     results = []
     directories = {}
     for count in args.cuts:
-        directories[count] = _catalogue(base, args.work / f"cuts-{count}", count)
-        result = _measure(directories[count], args.work / f"mnt-{count}", count)
+        directories[count] = args.work / f"cuts-{count}"
+        written = _catalogue(base, directories[count], count, args.memory)
+        result = _measure(directories[count], args.work / f"mnt-{count}", count) | written
         print(json.dumps(result), flush=True)
         results.append(result)
     side_by_side = _lookups_side_by_side(directories, args.work)
@@ -236,10 +245,11 @@ def _base_shards(work: Path) -> Path:
     return shards
 
 
-def _time_pack(work: Path, count: int) -> dict[str, Any]:
+def _time_pack(work: Path, count: int, memory: str) -> dict[str, Any]:
     """``cutfs pack`` of a recordings manifest (the four recordings) and a supervisions
-    manifest of ``count`` 10 s supervisions (with text and speaker), timed, with the peak
-    resident memory of the packing process (GNU time's maximum RSS)."""
+    manifest of ``count`` 10 s supervisions (with text and speaker) listed in random id
+    order, timed, with the peak resident memory of the whole process tree and the peak
+    extra disk use (:func:`run_measured`)."""
     manifests = work / f"lhotse-{count}"
     manifests.mkdir(exist_ok=True)
     recordings = manifests / "recordings.jsonl"
@@ -269,84 +279,98 @@ def _time_pack(work: Path, count: int) -> dict[str, Any]:
         rng = np.random.default_rng(count)
         starts = rng.integers(0, (RECORDING_SECONDS - 10) * 100, count) / 100
         with open(supervisions, "w") as out:
-            for number in range(count):
-                out.write(
-                    f'{{"id": "s{number // PER_DIRECTORY:05d}/u{number:09d}", '
-                    f'"recording_id": "rec{number % RECORDINGS}", "start": {starts[number]}, '
-                    f'"duration": 10.0, "channel": 0, "text": "hello world", '
-                    f'"speaker": "spk{number % 1000}"}}\n'
-                )
+            for start in range(0, count, 1 << 16):
+                positions = np.arange(start, min(start + (1 << 16), count), dtype=np.int64)
+                for number in _scrambled(positions, count).tolist():
+                    out.write(
+                        f'{{"id": "s{number // PER_DIRECTORY:05d}/u{number:09d}", '
+                        f'"recording_id": "rec{number % RECORDINGS}", '
+                        f'"start": {starts[number]}, "duration": 10.0, "channel": 0, '
+                        f'"text": "hello world", "speaker": "spk{number % 1000}"}}\n'
+                    )
     output = work / f"packed-{count}"
     shutil.rmtree(output, ignore_errors=True)
-    started = time.perf_counter()
-    result = subprocess.run(
-        [
-            "/usr/bin/time",
-            "-v",
-            *CUTFS,
-            "pack",
-            str(recordings),
-            str(supervisions),
-            "-o",
-            str(output),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    seconds = time.perf_counter() - started
-    peak_kb = next(
-        int(line.split(":")[1])
-        for line in result.stderr.splitlines()
-        if "Maximum resident set size" in line
-    )
+    command = [*CUTFS, "pack", "-q", str(recordings), str(supervisions), "-o", str(output)]
+    measured = run_measured([*command, "--memory", memory], work)
     shutil.rmtree(output, ignore_errors=True)
     return {
         "pack_cuts": count,
-        "pack_seconds": round(seconds, 1),
-        "pack_peak_rss_mb": round(peak_kb * 1024 / 1e6, 1),
+        "pack_seconds": round(measured["seconds"], 1),
+        "pack_peak_rss_mb": round(measured["peak_rss_bytes"] / 1e6, 1),
+        "pack_peak_disk_mb": round(measured["peak_disk_bytes"] / 1e6, 1),
+        "pack_memory": memory,
     }
 
 
-def _catalogue(base: Path, directory: Path, count: int) -> Path:
-    """``base``'s shards (hard links) with a catalogue of ``count`` cuts."""
-    if (directory / MANIFEST_FILE).exists():
-        return directory
+def _catalogue(base: Path, directory: Path, count: int, memory: str) -> dict[str, Any]:
+    """``base``'s shards (hard links) with a catalogue of ``count`` cuts, written by a
+    process of its own (``--write-catalogue``) whose time, peak memory and disk use are
+    measured."""
+    if (directory / MANIFEST_FILE).exists() and (directory / "written.json").exists():
+        written: dict[str, Any] = json.loads((directory / "written.json").read_text())
+        return written
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     for item in base.iterdir():
         if item.name.startswith("shard-") or item.name.startswith("recordings"):
             os.link(item, directory / item.name)
-    started = time.perf_counter()
-    rng = np.random.default_rng(count)
-    numbers = np.arange(count, dtype=np.int64)
-    ids = _ids(numbers)
-    recordings = rng.integers(0, RECORDINGS, count, dtype=np.int64)
-    starts = rng.integers(0, RECORDING_SECONDS * RATE - CUT_FRAMES, count, dtype=np.int64)
-    # Beyond ten million cuts the metadata is left empty, so that writing the catalogue fits
-    # in this machine's memory (the writer sorts in memory: see docs/design.md).
-    text = '{"text": "hello world"}' if count <= 10_000_000 else "{}"
-    metadata = pa.repeat(pa.scalar(text, pa.large_string()), count)
-    channels = pa.ListArray.from_arrays(
-        pa.array(np.zeros(count + 1, dtype=np.int32)), pa.array([], pa.int16())
-    )
-    cuts = pa.table(
-        [
-            ids,
-            pa.array(recordings, pa.int32()),
-            pa.array(starts),
-            pa.array(np.full(count, CUT_FRAMES, dtype=np.int64)),
-            channels,
-            metadata,
-        ],
-        schema=CUTS_SCHEMA,
-    )
-    write_cut_catalogue(str(directory), cuts)
+    command = [sys.executable, __file__, "--write-catalogue", str(count), str(directory)]
+    measured = run_measured([*command, "--memory", memory], directory)
     manifest = json.loads((base / MANIFEST_FILE).read_text())
-    manifest.update(cuts=count, mentions={"text": count <= 10_000_000, "speaker": False})
+    manifest.update(cuts=count, mentions={"text": True, "speaker": False})
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
-    print(f"catalogue of {count} cuts written in {time.perf_counter() - started:.1f} s", flush=True)
-    return directory
+    written = {
+        "catalogue_seconds": round(measured["seconds"], 1),
+        "catalogue_peak_rss_mb": round(measured["peak_rss_bytes"] / 1e6, 1),
+        "catalogue_peak_disk_mb": round(measured["peak_disk_bytes"] / 1e6, 1),
+        "catalogue_memory": memory,
+    }
+    (directory / "written.json").write_text(json.dumps(written))
+    print(f"catalogue of {count} cuts: {written}", flush=True)
+    return written
+
+
+def _write_catalogue(count: int, directory: Path, memory: int) -> None:
+    """Write a catalogue of ``count`` cuts into ``directory`` with the packer's writer, the
+    cuts given in random id order a batch at a time (as a pack's partitions give them)."""
+    from cutfs.codec.spill.catalogue_writer import CatalogueWriter  # noqa: PLC0415
+    from cutfs.codec.spill.memory_budget import buffer_bytes  # noqa: PLC0415
+
+    spill = directory / "spill"
+    spill.mkdir(exist_ok=True)
+    metadata = pa.scalar('{"text": "hello world"}', pa.large_string())
+    with CatalogueWriter(str(directory), str(spill), buffer_bytes(memory)) as writer:
+        for start in range(0, count, 1 << 16):
+            positions = np.arange(start, min(start + (1 << 16), count), dtype=np.int64)
+            numbers = _scrambled(positions, count)
+            rows = len(numbers)
+            rng = np.random.default_rng([count, start])
+            channels = pa.ListArray.from_arrays(
+                pa.array(np.zeros(rows + 1, dtype=np.int32)), pa.array([], pa.int16())
+            )
+            cuts = pa.table(
+                [
+                    _ids(numbers),
+                    pa.array(rng.integers(0, RECORDINGS, rows), pa.int32()),
+                    pa.array(rng.integers(0, RECORDING_SECONDS * RATE - CUT_FRAMES, rows)),
+                    pa.array(np.full(rows, CUT_FRAMES, dtype=np.int64)),
+                    channels,
+                    pa.repeat(metadata, rows),
+                ],
+                schema=CUTS_SCHEMA,
+            )
+            writer.add(cuts)
+        writer.finish()
+    spill.rmdir()
+
+
+def _scrambled(positions: np.ndarray, count: int) -> np.ndarray:
+    """A permutation of ``0..count-1`` computed per position (no table of ``count``
+    numbers): position ``p`` gets ``(p * A + 12345) % count``, ``A`` a prime not dividing
+    ``count``; the ids then come in an order unrelated to their sort order."""
+    multiplier = 1_000_003 if count % 1_000_003 else 998_244_353
+    result: np.ndarray = (positions * multiplier + 12345) % max(count, 1)
+    return result
 
 
 def _time_upgrade(base: Path, work: Path, count: int) -> dict[str, Any]:

@@ -51,15 +51,15 @@ from cutfs.codec.catalogue.shard_format import write_table
 from cutfs.codec.errors import ShardFormatError, SourceError
 
 ROOT: Final = 0
-_ENTRIES: Final = ".entries.arrow"
-_DIRECTORIES: Final = ".directories.arrow"
-_PATHS: Final = ".paths.arrow"
+ENTRIES: Final = ".entries.arrow"
+DIRECTORIES: Final = ".directories.arrow"
+PATHS: Final = ".paths.arrow"
 #: The files a tree of prefix ``p`` is made of: ``p + suffix`` for each.
-TREE_FILES: Final = (_ENTRIES, _DIRECTORIES, _PATHS)
+TREE_FILES: Final = (ENTRIES, DIRECTORIES, PATHS)
 #: Ids escaped per Arrow chunk.
 _BATCH: Final = 1 << 20
 
-_ENTRY_SCHEMA: Final = pa.schema(
+ENTRY_SCHEMA: Final = pa.schema(
     [
         ("directory", pa.uint32()),
         ("name", pa.large_binary()),
@@ -69,8 +69,8 @@ _ENTRY_SCHEMA: Final = pa.schema(
 )
 #: The first eight bytes of each name as a big-endian number (zero-padded): the order of
 #: names, searched with numpy before the few names that share a key are compared.
-_KEY_SCHEMA: Final = pa.schema([("name_key", pa.uint64())])
-_DIRECTORY_SCHEMA: Final = pa.schema(
+KEY_SCHEMA: Final = pa.schema([("name_key", pa.uint64())])
+DIRECTORY_SCHEMA: Final = pa.schema(
     [
         ("first_entry", pa.int64()),
         ("entry_count", pa.int64()),
@@ -78,7 +78,7 @@ _DIRECTORY_SCHEMA: Final = pa.schema(
         ("subdirectories", pa.int64()),
     ]
 )
-_PATH_SCHEMA: Final = pa.schema([("path", pa.large_string())])
+PATH_SCHEMA: Final = pa.schema([("path", pa.large_string())])
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +127,9 @@ def _path_batches(ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> Iterator[p
         ids = ids.cast(pa.large_string())
         for start in range(0, len(ids), _BATCH):
             piece = ids.slice(start, _BATCH)
-            yield _escaped(piece.combine_chunks() if isinstance(piece, pa.ChunkedArray) else piece)
+            yield escaped_paths(
+                piece.combine_chunks() if isinstance(piece, pa.ChunkedArray) else piece
+            )
         return
     batch: list[str] = []
     for identifier in ids:
@@ -138,7 +140,7 @@ def _path_batches(ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> Iterator[p
     yield pa.array(batch, pa.large_string())
 
 
-def _escaped(ids: pa.Array) -> pa.Array:
+def escaped_paths(ids: pa.Array) -> pa.Array:
     """``escape_id`` of every id of a large_string array: one kernel for the plain ones."""
     plain = pc.match_substring_regex(ids, PLAIN_ID_PATTERN)
     suffix = pa.scalar(SUFFIX, pa.large_string())
@@ -164,11 +166,11 @@ def write_file_tree(prefix: str, paths: Sequence[str] | pa.Array, mode: int | No
     """
     path_array = pa.array(paths, pa.large_string()) if not isinstance(paths, pa.Array) else paths
     path_array = path_array.cast(pa.large_string())
-    found = _Directories()
-    batches = range(0, len(path_array), _TREE_BATCH)
-    files = [found.add_files(path_array, start) for start in batches]
+    found = TreeDirectories()
+    batches = range(0, len(path_array), TREE_BATCH)
+    files = [found.add_files(path_array.slice(start, TREE_BATCH), start) for start in batches]
     parent, directory_entries = found.parents(), found.entries
-    entries = pa.concat_tables([*directory_entries, *files] or [_ENTRY_SCHEMA.empty_table()])
+    entries = pa.concat_tables([*directory_entries, *files] or [ENTRY_SCHEMA.empty_table()])
     del files, directory_entries
     entries = entries.combine_chunks()
     group = np.asarray(entries.column("directory").to_numpy(), dtype=np.uint32)
@@ -177,7 +179,7 @@ def write_file_tree(prefix: str, paths: Sequence[str] | pa.Array, mode: int | No
         entries = entries.take(order).combine_chunks()
     del group
     entries = entries.append_column(
-        _KEY_SCHEMA.field(0), pa.array(_name_keys(entries.column("name")))
+        KEY_SCHEMA.field(0), pa.array(name_keys(entries.column("name")))
     )
     directory_column = np.asarray(entries.column("directory").to_numpy(), dtype=np.int64)
     numbers = np.arange(len(parent))
@@ -185,15 +187,15 @@ def write_file_tree(prefix: str, paths: Sequence[str] | pa.Array, mode: int | No
     end = np.searchsorted(directory_column, numbers, side="right")
     children = np.asarray(entries.column("child").to_numpy(), dtype=np.int64)
     subdirectories = np.bincount(directory_column[children >= 0], minlength=len(parent))
-    directories = pa.table([first, end - first, parent, subdirectories], schema=_DIRECTORY_SCHEMA)
-    write_table(prefix + _ENTRIES, entries, mode)
-    write_table(prefix + _DIRECTORIES, directories, mode)
-    write_table(prefix + _PATHS, pa.table([path_array], schema=_PATH_SCHEMA), mode)
+    directories = pa.table([first, end - first, parent, subdirectories], schema=DIRECTORY_SCHEMA)
+    write_table(prefix + ENTRIES, entries, mode)
+    write_table(prefix + DIRECTORIES, directories, mode)
+    write_table(prefix + PATHS, pa.table([path_array], schema=PATH_SCHEMA), mode)
 
 
-def _name_keys(names: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.uint64]:
+def name_keys(names: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.uint64]:
     """The first eight bytes of every name as a big-endian number, zero-padded (see
-    :data:`_KEY_SCHEMA`), a million names at a time."""
+    :data:`KEY_SCHEMA`), a million names at a time."""
     array = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
     offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[
         array.offset : array.offset + len(array) + 1
@@ -213,15 +215,17 @@ def _name_keys(names: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.uint64]:
 
 
 def name_key(name: bytes) -> int:
-    """The key of one name (see :data:`_KEY_SCHEMA`)."""
+    """The key of one name (see :data:`KEY_SCHEMA`)."""
     return int.from_bytes(name[:8].ljust(8, b"\0"), "big")
 
 
-#: Paths whose directories are found at once by :func:`write_file_tree`.
-_TREE_BATCH: Final = 4 * _BATCH
+#: Paths whose directories are found at once by :func:`write_file_tree`.  Directories are
+#: numbered in the order batches of this many paths reveal them, so every writer of a tree
+#: (:mod:`cutfs.codec.spill.catalogue_writer` too) batches its paths alike.
+TREE_BATCH: Final = 1 << 18
 
 
-class _Directories:
+class TreeDirectories:
     """The directories of a tree as batches of paths reveal them, numbered in order of
     discovery (the root is 0), each known by its path."""
 
@@ -235,10 +239,9 @@ class _Directories:
     def parents(self) -> npt.NDArray[np.int64]:
         return np.concatenate(self._parents)
 
-    def add_files(self, paths: pa.Array, start: int) -> pa.Table:
-        """The file entries of ``paths[start:start + _TREE_BATCH]`` (items numbered from
-        ``start``), adding the directories they need."""
-        batch = paths.slice(start, _TREE_BATCH)
+    def add_files(self, batch: pa.Array, start: int) -> pa.Table:
+        """The file entries of the paths in ``batch`` (items numbered from ``start``),
+        adding the directories they need."""
         parts = pc.split_pattern(batch, "/")
         depth = np.asarray(pc.list_value_length(parts).to_numpy(zero_copy_only=False), np.int64)
         directory = np.zeros(len(batch), dtype=np.int64)  # the deepest directory seen so far
@@ -251,7 +254,7 @@ class _Directories:
             directory[items] = found
         names = pc.replace_substring_regex(batch, r"^.*/", "")
         count = len(batch)
-        return _entry_table(
+        return entry_table(
             directory, names, np.full(count, -1), np.arange(start, start + count, dtype=np.int64)
         )
 
@@ -272,9 +275,7 @@ class _Directories:
             numbers = self._next + np.arange(len(fresh), dtype=np.int64)
             names = pc.list_element(level_parts.take(pa.array(rows)), level - 1)
             self._parents.append(parents[rows])
-            self.entries.append(
-                _entry_table(parents[rows], names, numbers, np.full(len(fresh), -1))
-            )
+            self.entries.append(entry_table(parents[rows], names, numbers, np.full(len(fresh), -1)))
             self._next += len(fresh)
             self.known = pa.concat_arrays([self.known, fresh])
             self.numbers = np.concatenate([self.numbers, numbers])
@@ -282,7 +283,7 @@ class _Directories:
         return self.numbers[np.asarray(position.to_numpy(zero_copy_only=False), np.int64)]
 
 
-def _entry_table(
+def entry_table(
     directory: npt.NDArray[np.int64],
     names: pa.Array,
     child: npt.NDArray[np.int64],
@@ -295,7 +296,7 @@ def _entry_table(
             pa.array(child, pa.int64()),
             pa.array(item, pa.int64()),
         ],
-        schema=_ENTRY_SCHEMA,
+        schema=ENTRY_SCHEMA,
     )
 
 
@@ -310,9 +311,9 @@ class FileTree:
 
     def __init__(self, prefix: str, item_count: int | None = None) -> None:
         self._prefix = prefix
-        entries = read_mapped(prefix + _ENTRIES, pa.unify_schemas([_ENTRY_SCHEMA, _KEY_SCHEMA]))
-        directories = read_mapped(prefix + _DIRECTORIES, _DIRECTORY_SCHEMA)
-        paths = read_mapped(prefix + _PATHS, _PATH_SCHEMA)
+        entries = read_mapped(prefix + ENTRIES, pa.unify_schemas([ENTRY_SCHEMA, KEY_SCHEMA]))
+        directories = read_mapped(prefix + DIRECTORIES, DIRECTORY_SCHEMA)
+        paths = read_mapped(prefix + PATHS, PATH_SCHEMA)
         self._names = BinaryColumn(single_chunk(entries, "name"))
         self._keys = native_int_view(entries, "name_key")
         self._children = int_view(entries, "child")

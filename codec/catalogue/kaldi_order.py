@@ -28,7 +28,7 @@ from cutfs.codec.catalogue.shard_format import write_table
 from cutfs.codec.errors import ShardFormatError
 
 KALDI_ORDER_FILE: Final = "kaldi-order.arrow"
-_SCHEMA: Final = pa.schema([("cut", pa.int64()), ("text_end", pa.int64())])
+KALDI_ORDER_SCHEMA: Final = pa.schema([("cut", pa.int64()), ("text_end", pa.int64())])
 #: More text than any order of cuts could need (a terabyte).
 _MOST_TEXT_BYTES: Final = 1 << 40
 #: Python's whitespace (``str.isspace``), which :func:`kaldi_key` encodes, in RE2 syntax.
@@ -78,7 +78,7 @@ def write_kaldi_order(
     text_end = np.cumsum(line_bytes[np.asarray(order.to_numpy(), dtype=np.int64)])
     table = pa.table(
         [pa.array(np.asarray(order.to_numpy(), dtype=np.int64)), pa.array(text_end)],
-        schema=_SCHEMA,
+        schema=KALDI_ORDER_SCHEMA,
     )
     write_table(path, table, mode)
 
@@ -87,7 +87,7 @@ class KaldiOrder:
     """An order table, mapped (see the module docstring)."""
 
     def __init__(self, path: str, cut_count: int) -> None:
-        table = read_mapped(path, _SCHEMA)
+        table = read_mapped(path, KALDI_ORDER_SCHEMA)
         self.cuts: npt.NDArray[np.int64] = int_view(table, "cut")
         self.text_ends: npt.NDArray[np.int64] = int_view(table, "text_end")
         self._cut_count = cut_count

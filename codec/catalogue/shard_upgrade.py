@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from cutfs.codec.catalogue.catalogue_copy import CATALOGUE_FILES
+from cutfs.codec.catalogue.cut_table import mentions_of
 from cutfs.codec.catalogue.shard_format import (
     CUTS_FILE,
     CUTS_SCHEMA,
@@ -140,7 +141,9 @@ def _upgraded_manifest(
         shard["bytes"] = os.stat(os.path.join(directory, str(entry["file"]))).st_size
         shards.append(shard)
     kept = {key: value for key, value in old.manifest.items() if key not in _WRITTEN_KEYS}
-    return manifest_of(shards, recordings.num_rows, cuts, kept | {"upgraded_from": old.version})
+    mentions = mentions_of(cuts.column("metadata"))
+    extra = kept | {"upgraded_from": old.version}
+    return manifest_of(shards, recordings.num_rows, len(cuts), mentions, extra)
 
 
 def _write_manifest(directory: str, manifest: dict[str, object]) -> None:

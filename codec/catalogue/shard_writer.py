@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow as pa
 
 from cutfs.codec.audio.recording import Recording
-from cutfs.codec.catalogue.cut_table import mentions_of
 from cutfs.codec.catalogue.file_tree import served_paths, write_file_tree
 from cutfs.codec.catalogue.kaldi_order import KALDI_ORDER_FILE, write_kaldi_order
 from cutfs.codec.catalogue.mapped_table import release_mapped_pages
@@ -107,10 +106,17 @@ class ShardWriter:
 
 
 def write_catalogue(directory: str, recordings: pa.Table, cuts: pa.Table) -> None:
-    """Write the recordings table, the cut catalogue (:func:`write_cut_catalogue`) and the
-    recordings' file tree of a shard directory into ``directory``."""
-    write_table(os.path.join(directory, RECORDINGS_FILE), recordings)
+    """Write the recordings table (:func:`write_recordings`) and the cut catalogue
+    (:func:`write_cut_catalogue`) of a shard directory into ``directory``, in memory and in
+    the cuts' order (``cutfs upgrade``; a pack writes its cuts with
+    :class:`cutfs.codec.spill.catalogue_writer.CatalogueWriter`)."""
+    write_recordings(directory, recordings)
     write_cut_catalogue(directory, cuts)
+
+
+def write_recordings(directory: str, recordings: pa.Table) -> None:
+    """Write the recordings table and the recordings' file tree into ``directory``."""
+    write_table(os.path.join(directory, RECORDINGS_FILE), recordings)
     write_file_tree(
         os.path.join(directory, RECORDINGS_TREE),
         served_paths(recordings.column("recording_id")),
@@ -118,17 +124,20 @@ def write_catalogue(directory: str, recordings: pa.Table, cuts: pa.Table) -> Non
 
 
 def manifest_of(
-    shards: list[dict[str, Any]], recordings: int, cuts: pa.Table, extra: dict[str, Any]
+    shards: list[dict[str, Any]],
+    recordings: int,
+    cuts: int,
+    mentions: dict[str, bool],
+    extra: dict[str, Any],
 ) -> dict[str, Any]:
-    """The manifest of a shard directory whose cuts table is ``cuts``."""
-    mentions = mentions_of(cuts.column("metadata"))
-    release_mapped_pages()  # what the scan touched of a pack's spilled columns
+    """The manifest of a shard directory of ``cuts`` cuts whose metadata mentions the
+    fields ``mentions`` says (:func:`~cutfs.codec.catalogue.cut_table.mentions_of`)."""
     return {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
         "shards": shards,
         "recordings": recordings,
-        "cuts": len(cuts),
+        "cuts": cuts,
         "mentions": mentions,
         **extra,
     }

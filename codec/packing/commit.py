@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Final
@@ -24,13 +25,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutfs.codec.catalogue.catalogue_copy import CATALOGUE_FILES
-from cutfs.codec.catalogue.mapped_table import release_mapped_pages
 from cutfs.codec.catalogue.shard_format import CUTS_SCHEMA, MANIFEST_FILE, RECORDINGS_SCHEMA
-from cutfs.codec.catalogue.shard_writer import manifest_of, write_catalogue
+from cutfs.codec.catalogue.shard_writer import manifest_of, write_recordings
 from cutfs.codec.errors import SourceError
 from cutfs.codec.packing.output import PackOutput
 from cutfs.codec.packing.partition_packer import PartitionResult, finished_partitions, part_name
 from cutfs.codec.packing.plan import PLAN_CUTS, PLAN_FILE, PLAN_RECORDINGS, PackPlan, read_plan
+from cutfs.codec.spill.catalogue_writer import CatalogueWriter
+from cutfs.codec.spill.memory_budget import DEFAULT_MEMORY_BYTES, buffer_bytes
 
 #: Partial tables read at once by the commit.
 _TABLE_READERS: Final = 16
@@ -50,22 +52,38 @@ class PackReport:
     already_committed: bool = False
 
 
-def commit_pack(output: PackOutput, *, keep_parts: bool = False) -> PackReport:
+def commit_pack(
+    output: PackOutput, *, keep_parts: bool = False, memory_bytes: int = DEFAULT_MEMORY_BYTES
+) -> PackReport:
     """Commit the pack in ``output`` (see the module docstring).
 
     Raises :class:`SourceError` naming the partitions that are not done (or
     not consistent) when the pack cannot be committed; nothing is written then.
+    The cuts are merged in about ``memory_bytes`` (see :class:`CatalogueWriter`).
     """
     if output.exists(MANIFEST_FILE) and not output.exists(PLAN_FILE):
         return _committed_report(output)
     plan = read_plan(output)
     results = _finished(output, plan)
     _check_shards(output, results)
-    recordings, cuts = _merged_tables(output, plan, results)
+    recordings = _merged_recordings(output, results)
+    with output.scratch() as scratch:
+        spill = os.path.join(scratch, "spill")
+        os.makedirs(spill, exist_ok=True)
+        with CatalogueWriter(scratch, spill, buffer_bytes(memory_bytes)) as catalogue:
+            first_recording = 0
+            for result in results:
+                for cuts in _part_cuts(output, result, first_recording):
+                    catalogue.add(cuts)
+                first_recording += result.recordings
+            written = catalogue.finish()
+        write_recordings(scratch, recordings)
+        for name in CATALOGUE_FILES:
+            output.put_file(name, os.path.join(scratch, name))
     report = PackReport(
         output.uri,
         recordings=recordings.num_rows,
-        cuts=cuts.num_rows,
+        cuts=written.cuts,
         stored_bytes=sum(result.stored_bytes for result in results),
         audio_seconds=sum(result.audio_seconds for result in results),
         transcoded={k: v for result in results for k, v in result.transcoded.items()},
@@ -75,13 +93,8 @@ def commit_pack(output: PackOutput, *, keep_parts: bool = False) -> PackReport:
         "source": plan.source_kind,
         "transcoded": len(report.transcoded),
     }
-    manifest = manifest_of([result.shard for result in results], len(recordings), cuts, extra)
-    with output.scratch() as scratch:
-        write_catalogue(scratch, recordings, cuts)
-        del recordings, cuts
-        release_mapped_pages()
-        for name in CATALOGUE_FILES:
-            output.put_file(name, os.path.join(scratch, name))
+    shards = [result.shard for result in results]
+    manifest = manifest_of(shards, recordings.num_rows, written.cuts, written.mentions, extra)
     output.write_small(MANIFEST_FILE, (json.dumps(manifest, indent=2) + "\n").encode())
     if not keep_parts:
         _remove_parts(output)
@@ -157,54 +170,67 @@ def _check_shards(output: PackOutput, results: list[PartitionResult]) -> None:
             )
 
 
-def _merged_tables(
-    output: PackOutput, plan: PackPlan, results: list[PartitionResult]
-) -> tuple[pa.Table, pa.Table]:
-    """The partitions' recordings and cuts tables, concatenated, cuts renumbered (the
-    tables read a few at once: in object storage each is a GET or two)."""
+def _merged_recordings(output: PackOutput, results: list[PartitionResult]) -> pa.Table:
+    """The partitions' recordings tables, concatenated (read a few at once: in object
+    storage each is a GET or two).  One row per recording: small beside the cuts."""
     with ThreadPoolExecutor(max_workers=_TABLE_READERS) as readers:
-        parts = list(readers.map(lambda result: _checked_parts(output, result), results))
-    recordings: list[pa.Table] = []
-    cuts: list[pa.Table] = []
-    first_recording = 0
-    for result, (part_recordings, part_cuts) in zip(results, parts, strict=True):
-        index = part_cuts.schema.get_field_index("recording")
-        renumbered = pc.add(part_cuts.column("recording"), pa.scalar(first_recording, pa.int32()))
-        cuts.append(part_cuts.set_column(index, "recording", renumbered))
-        recordings.append(part_recordings)
-        first_recording += result.recordings
-    return pa.concat_tables(recordings), pa.concat_tables(cuts)
+        parts = list(readers.map(lambda result: _part_recordings(output, result), results))
+    return pa.concat_tables(parts) if parts else RECORDINGS_SCHEMA.empty_table()
 
 
-def _checked_parts(output: PackOutput, result: PartitionResult) -> tuple[pa.Table, pa.Table]:
-    """A partition's recordings and cuts tables, checked against its done marker."""
+def _part_recordings(output: PackOutput, result: PartitionResult) -> pa.Table:
+    """A partition's recordings table, checked against its done marker."""
     name = part_name(result.partition, "recordings.arrow")
-    recordings = _part_table(output, name, RECORDINGS_SCHEMA, result.recordings)
+    reader = _part_reader(output, name, RECORDINGS_SCHEMA)
+    try:
+        recordings = reader.read_all()
+    except pa.ArrowException as exc:
+        raise SourceError(f"cannot read: {exc}", where=output.where(name)) from exc
+    if recordings.num_rows != result.recordings:
+        raise _rows_differ(output, name)
     shards = recordings.column("shard")
     if len(shards) and pc.any(pc.not_equal(shards, result.partition)).as_py():
         raise SourceError("names a shard of another partition", where=output.where(name))
+    return recordings
+
+
+def _part_cuts(
+    output: PackOutput, result: PartitionResult, first_recording: int
+) -> Iterator[pa.RecordBatch]:
+    """A partition's cuts, a batch at a time, their recordings renumbered from
+    ``first_recording``; checked against its done marker as they are read."""
     name = part_name(result.partition, "cuts.arrow")
-    cuts = _part_table(output, name, CUTS_SCHEMA, result.cuts)
-    numbers = cuts.column("recording")
-    if len(numbers) and (
-        pc.min(numbers).as_py() < 0 or pc.max(numbers).as_py() >= result.recordings
-    ):
-        raise SourceError("names recordings outside its partition", where=output.where(name))
-    return recordings, cuts
+    reader = _part_reader(output, name, CUTS_SCHEMA)
+    index = CUTS_SCHEMA.get_field_index("recording")
+    rows = 0
+    for number in range(reader.num_record_batches):
+        try:
+            batch = reader.get_batch(number)
+        except pa.ArrowException as exc:
+            raise SourceError(f"cannot read: {exc}", where=output.where(name)) from exc
+        numbers = batch.column(index)
+        if len(numbers) and (
+            pc.min(numbers).as_py() < 0 or pc.max(numbers).as_py() >= result.recordings
+        ):
+            raise SourceError("names recordings outside its partition", where=output.where(name))
+        rows += batch.num_rows
+        renumbered = pc.add(numbers, pa.scalar(first_recording, pa.int32()))
+        yield batch.set_column(index, "recording", renumbered)
+    if rows != result.cuts:
+        raise _rows_differ(output, name)
 
 
-def _part_table(output: PackOutput, name: str, schema: pa.Schema, rows: int) -> pa.Table:
+def _part_reader(output: PackOutput, name: str, schema: pa.Schema) -> pa.ipc.RecordBatchFileReader:
     reader = output.open_table(name)
-    try:
-        table = reader.read_all()
-    except pa.ArrowException as exc:
-        raise SourceError(f"cannot read: {exc}", where=output.where(name)) from exc
-    if not table.schema.equals(schema) or table.num_rows != rows:
-        raise SourceError(
-            f"holds {table.num_rows} rows of another layout than its done marker records",
-            where=output.where(name),
-        )
-    return table
+    if not reader.schema.equals(schema):
+        raise SourceError("holds a table of another layout", where=output.where(name))
+    return reader
+
+
+def _rows_differ(output: PackOutput, name: str) -> SourceError:
+    return SourceError(
+        "holds another number of rows than its done marker records", where=output.where(name)
+    )
 
 
 def _remove_parts(output: PackOutput) -> None:

@@ -189,7 +189,9 @@ class LocalPackOutput:
 
     def open_table(self, name: str) -> pa.ipc.RecordBatchFileReader:
         try:
-            return pa.ipc.open_file(pa.memory_map(self.path(name)))
+            # Read, not mapped: a pass over a partition's tables then holds one batch at
+            # a time, where a map would keep every page it touched until it is closed.
+            return pa.ipc.open_file(pa.OSFile(self.path(name)))
         except (OSError, pa.ArrowException) as exc:
             raise SourceError(f"cannot read: {exc}", where=self.where(name)) from exc
 

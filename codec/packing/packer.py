@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 
 from cutfs.codec.catalogue.shard_writer import DEFAULT_SHARD_BYTES
 from cutfs.codec.errors import SourceError
@@ -29,6 +30,7 @@ from cutfs.codec.packing.output import LocalPackOutput, PackOutput, open_pack_ou
 from cutfs.codec.packing.partition_packer import finished_partitions
 from cutfs.codec.packing.plan import make_plan
 from cutfs.codec.packing.progress import PackProgress, ProgressCallback
+from cutfs.codec.spill.memory_budget import DEFAULT_MEMORY_BYTES
 from cutfs.codec.storage.object_location import is_remote
 
 __all__ = ["PackProgress", "PackReport", "ProgressCallback", "pack", "pack_in_place"]
@@ -40,10 +42,13 @@ def pack(
     *,
     jobs: int = 1,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
     on_progress: ProgressCallback | None = None,
 ) -> PackReport:
     """Pack the recordings and cuts read from ``sources`` into the new directory
-    ``output_dir``, on this machine with ``jobs`` processes.
+    ``output_dir``, on this machine with ``jobs`` processes, planning and committing in
+    about ``memory_bytes`` (rows beyond it are spilled to disk in the output's scratch
+    space, or ``TMPDIR`` while the sources are read).
 
     Raises :class:`cutfs.codec.errors.CutfsError` subclasses for bad input, naming
     the file and the id; ``output_dir`` is then left as it was.
@@ -53,9 +58,8 @@ def pack(
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.partial-", dir=parent)
     try:
-        report = _pack_steps(
-            sources, LocalPackOutput(staging), LocalEngine(jobs), max_shard_bytes, on_progress
-        )
+        steps = _PackSteps(max_shard_bytes, memory_bytes, on_progress)
+        report = steps.run(sources, LocalPackOutput(staging), LocalEngine(jobs))
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private
@@ -75,6 +79,7 @@ def pack_in_place(
     engine: PackEngine,
     *,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
     on_progress: ProgressCallback | None = None,
 ) -> PackReport:
     """Plan, run and commit in ``output_uri`` itself (a directory the engine's workers
@@ -88,28 +93,30 @@ def pack_in_place(
         _check_output_dir(output_uri, allow_plan=True)
     output = open_pack_output(output_uri)
     try:
-        return _pack_steps(sources, output, engine, max_shard_bytes, on_progress)
+        return _PackSteps(max_shard_bytes, memory_bytes, on_progress).run(sources, output, engine)
     finally:
         output.close()
 
 
-def _pack_steps(
-    sources: list[str],
-    output: PackOutput,
-    engine: PackEngine,
-    max_shard_bytes: int,
-    on_progress: ProgressCallback | None,
-) -> PackReport:
-    plan = make_plan(sources, output, max_shard_bytes)
-    todo = [
-        partition
-        for partition, done in enumerate(finished_partitions(output, plan))
-        if done is None
-    ]
-    engine.run(output, plan, todo, on_progress)
-    report = commit_pack(output)
-    report.output_dir = output.uri
-    return report
+@dataclass(frozen=True)
+class _PackSteps:
+    """The options every step of a pack shares."""
+
+    max_shard_bytes: int
+    memory_bytes: int
+    on_progress: ProgressCallback | None
+
+    def run(self, sources: list[str], output: PackOutput, engine: PackEngine) -> PackReport:
+        plan = make_plan(sources, output, self.max_shard_bytes, self.memory_bytes)
+        todo = [
+            partition
+            for partition, done in enumerate(finished_partitions(output, plan))
+            if done is None
+        ]
+        engine.run(output, plan, todo, self.on_progress)
+        report = commit_pack(output, memory_bytes=self.memory_bytes)
+        report.output_dir = output.uri
+        return report
 
 
 def _check_output_dir(output_dir: str, *, allow_plan: bool = False) -> None:

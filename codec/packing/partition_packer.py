@@ -40,7 +40,6 @@ import pyarrow.compute as pc
 from cutfs.codec.audio.cut import seconds_to_frames
 from cutfs.codec.audio.recording import Recording
 from cutfs.codec.audio.recording_indexer import IndexedRecording, index_recording
-from cutfs.codec.catalogue.mapped_table import release_mapped_pages
 from cutfs.codec.catalogue.shard_format import CUTS_SCHEMA, shard_file_name, write_table
 from cutfs.codec.catalogue.shard_writer import ShardWriter
 from cutfs.codec.errors import CutfsError, SourceError
@@ -56,6 +55,8 @@ from cutfs.codec.trust.command_runner import CommandLimits, run_command
 #: The largest object a recording in object storage may be (a sanity bound against a
 #: manifest naming some huge object; 36 hours of 48 kHz stereo FLAC is about 15 GB).
 MAX_OBJECT_BYTES: Final = 64 << 30
+#: A partition's partial tables.
+_PART_TABLES: Final = ("recordings.arrow", "cuts.arrow")
 #: Bytes copied at a time from a container (a tar member) to a file of its own.
 _COPY_BYTES: Final = 8 << 20
 
@@ -247,19 +248,15 @@ def _pack(
     except BaseException:
         writer.abort()
         raise
-    cut_table = cuts_table(cuts, sources, packed)
-    release_mapped_pages()
+    tables = {kind: os.path.join(scratch, f"part.{kind}") for kind in _PART_TABLES}
+    write_table(tables["recordings.arrow"], recordings)
+    result.cuts = _write_cuts(tables["cuts.arrow"], cuts, sources, packed)
     (shard,) = writer.shards
-    tables = {}
-    for kind, table in (("recordings.arrow", recordings), ("cuts.arrow", cut_table)):
-        tables[kind] = os.path.join(scratch, f"part.{kind}")
-        write_table(tables[kind], table)
     etag = output.put_file(shard["file"], os.path.join(scratch, shard["file"]))
     result.shard = {**shard, "etag": etag} if etag else dict(shard)
     for kind, path in tables.items():
         output.put_file(part_name(partition, kind), path)
     result.recordings = recordings.num_rows
-    result.cuts = cut_table.num_rows
     result.finished = time.time()
     return result
 
@@ -403,6 +400,22 @@ class _mapped:  # noqa: N801 - used as a context manager, like open()
         if self._source is None:
             return self._path
         return f"{self._path} (recording {self._source.recording_id!r})"
+
+
+def _write_cuts(
+    path: str,
+    cuts: Iterator[pa.RecordBatch],
+    sources: list[SourceRecording],
+    packed: dict[str, tuple[int, Recording]],
+) -> int:
+    """Write the partition's cuts table (:func:`cuts_table` of each batch of the plan's
+    cuts, as it is read) to ``path``; returns the number of cuts."""
+    count = 0
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, CUTS_SCHEMA) as writer:
+        for batch in cuts:
+            writer.write_table(cuts_table(pa.Table.from_batches([batch]), sources, packed))
+            count += batch.num_rows
+    return count
 
 
 def cuts_table(

@@ -11,42 +11,56 @@ output, byte for byte.
 Layout under the output (local directory or object-storage prefix)::
 
     _plan/recordings.arrow   one record batch per partition: its recordings
-    _plan/cuts.arrow         one record batch per partition: its cuts
+    _plan/cuts.arrow         its cuts, grouped by partition, in batches of at most
+                             65 536 (``partition_cut_batches`` in the plan: how many
+                             batches each partition has, in order)
     _plan/plan.json          written last: counts, options, a digest of both tables
 
-A partition run reads only its two batches.
+A partition run reads only its own batches.  Planning holds no table of cuts in
+memory: the cuts are grouped by partition as they come when the input lists them in
+recording order (nearly every input does), and by an external sort otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cutfs.codec.catalogue.mapped_table import release_mapped_pages
 from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.packing.output import PackOutput
-from cutfs.codec.sources import SourceCatalogue, SourceRecording, read_source
+from cutfs.codec.sources import Refusals, SourceCatalogue, SourceRecording, read_source
 from cutfs.codec.sources.catalogue import CUT_COLUMNS_SCHEMA, DeclaredAudio
+from cutfs.codec.spill.external_sort import ExternalSort
+from cutfs.codec.spill.memory_budget import DEFAULT_MEMORY_BYTES, buffer_bytes
 from cutfs.codec.storage.object_location import ObjectLocation, split_object_url
 from cutfs.codec.storage.object_store import ObjectStore
 
 PLAN_FILE: Final = "_plan/plan.json"
 PLAN_RECORDINGS: Final = "_plan/recordings.arrow"
 PLAN_CUTS: Final = "_plan/cuts.arrow"
-PLAN_VERSION: Final = 2
+PLAN_VERSION: Final = 3
 #: Recordings in object storage are sized with a HEAD each at planning, this many at once,
 #: each within this deadline (retries included).
 _PARALLEL_HEADS: Final = 16
 _HEAD_DEADLINE_SECONDS: Final = 60.0
+#: Cuts per record batch of ``_plan/cuts.arrow`` at most (what a partition run holds).
+_CUT_BATCH_ROWS: Final = 1 << 16
+#: The sort key that groups cuts by partition (its number, 4 bytes big-endian).
+_PARTITION_KEY: Final = "partition_key"
 #: Partitions a plan may have (far more than any cluster runs at once).
 MAX_PARTITIONS: Final = 10_000_000
 #: What a recording whose size cannot be known before it is made (a command's output,
@@ -86,6 +100,9 @@ class PackPlan:
     partition_recordings: tuple[int, ...]
     partition_bytes: tuple[int, ...]
     partition_seconds: tuple[float, ...]
+    #: Per partition: its record batches in ``_plan/cuts.arrow`` (the batches of
+    #: partition ``i`` follow those of partitions ``0..i-1``).
+    partition_cut_batches: tuple[int, ...]
 
     @property
     def partitions(self) -> int:
@@ -109,18 +126,26 @@ class PackPlan:
                 partition_recordings=tuple(int(n) for n in fields["partition_recordings"]),
                 partition_bytes=tuple(int(n) for n in fields["partition_bytes"]),
                 partition_seconds=tuple(float(n) for n in fields["partition_seconds"]),
+                partition_cut_batches=tuple(int(n) for n in fields["partition_cut_batches"]),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise SourceError(f"not a cutfs pack plan: {exc}", where=where) from exc
         if plan.version != PLAN_VERSION:
             raise SourceError(f"plan version {plan.version}, expected {PLAN_VERSION}", where=where)
-        counts = (plan.partition_recordings, plan.partition_bytes, plan.partition_seconds)
+        counts = (
+            plan.partition_recordings,
+            plan.partition_bytes,
+            plan.partition_seconds,
+            plan.partition_cut_batches,
+        )
         if (
             not 0 < plan.partitions <= MAX_PARTITIONS
             or len({len(column) for column in counts}) != 1
             or min(plan.partition_recordings) < 1
             or sum(plan.partition_recordings) != plan.recordings
             or min(plan.partition_bytes) < 0
+            or min(plan.partition_cut_batches) < 0
+            or sum(plan.partition_cut_batches) > plan.cuts
             or not all(math.isfinite(s) and s >= 0 for s in plan.partition_seconds)
             or plan.cuts < 0
             or plan.max_shard_bytes <= 0
@@ -129,8 +154,14 @@ class PackPlan:
         return plan
 
 
-def make_plan(sources: list[str], output: PackOutput, max_shard_bytes: int) -> PackPlan:
-    """Read ``sources``, check them, and write the plan of packing them into ``output``.
+def make_plan(
+    sources: list[str],
+    output: PackOutput,
+    max_shard_bytes: int,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+) -> PackPlan:
+    """Read ``sources``, check them, and write the plan of packing them into ``output``,
+    in about ``memory_bytes`` whatever the number of cuts.
 
     Safe to rerun: when ``output`` already holds the same plan it is kept as it
     is (partitions already packed stay valid).  Raises :class:`SourceError` for
@@ -144,17 +175,20 @@ def make_plan(sources: list[str], output: PackOutput, max_shard_bytes: int) -> P
             "already holds a shard directory; choose a new output or remove it",
             where=output.uri,
         )
-    catalogue = read_source(sources)
+    catalogue = read_source(sources, Refusals(sort_memory_bytes=buffer_bytes(memory_bytes)))
     check_recordings_exist(catalogue)
     recordings = _recordings_table(catalogue.recordings, object_sizes(catalogue.recordings))
     partition_of = _partitions(recordings.column("planned_bytes").to_numpy(), max_shard_bytes)
-    cuts = _cuts_by_partition(catalogue, partition_of)
     with output.scratch() as scratch:
         digest = hashlib.sha256(f"{PLAN_VERSION} {max_shard_bytes}".encode())
         recordings_path = _write_batches(scratch, recordings, partition_of, digest)
-        cut_partitions = partition_of[_recording_positions(catalogue, cuts)]
-        cuts_path = _write_batches(scratch, cuts, cut_partitions, digest, int(partition_of[-1]) + 1)
-        plan = _summary(catalogue, recordings, partition_of, max_shard_bytes, digest.hexdigest())
+        cuts_path, cut_batches = _write_cut_batches(
+            scratch, catalogue, partition_of, buffer_bytes(memory_bytes)
+        )
+        _hash_file(cuts_path, digest)
+        plan = _summary(
+            catalogue, recordings, partition_of, max_shard_bytes, digest.hexdigest(), cut_batches
+        )
         if output.exists(PLAN_FILE):
             existing = read_plan(output)
             if existing.digest == plan.digest:
@@ -179,9 +213,9 @@ def read_plan(output: PackOutput) -> PackPlan:
 
 def partition_inputs(
     output: PackOutput, plan: PackPlan, partition: int
-) -> tuple[list[SourceRecording], pa.Table]:
-    """The recordings and cuts (a table of :data:`CUT_COLUMNS_SCHEMA`) of one partition,
-    read from its record batches alone."""
+) -> tuple[list[SourceRecording], Iterator[pa.RecordBatch]]:
+    """The recordings and cuts (batches of :data:`CUT_COLUMNS_SCHEMA`, read as they are
+    asked for) of one partition, read from its record batches alone."""
     if not 0 <= partition < plan.partitions:
         raise SourceError(
             f"no partition {partition}: the plan has {plan.partitions} (0 to "
@@ -193,15 +227,19 @@ def partition_inputs(
         "a plan names the files a run reads and the commands it runs, so only its owner's "
         "plans are run",
     )
-    recordings = _batch(output, PLAN_RECORDINGS, PLAN_RECORDINGS_SCHEMA, plan, partition)
-    cuts = _batch(output, PLAN_CUTS, CUT_COLUMNS_SCHEMA, plan, partition)
+    reader = _plan_table(output, PLAN_RECORDINGS, PLAN_RECORDINGS_SCHEMA, plan.partitions)
+    recordings = _batch(output, PLAN_RECORDINGS, reader, partition)
     if recordings.num_rows != plan.partition_recordings[partition]:
         raise SourceError(
             f"partition {partition} lists {recordings.num_rows} recordings, the plan "
             f"{plan.partition_recordings[partition]}",
             where=output.where(PLAN_RECORDINGS),
         )
-    return [_source_recording(row) for row in recordings.to_pylist()], pa.Table.from_batches([cuts])
+    cuts = _plan_table(output, PLAN_CUTS, CUT_COLUMNS_SCHEMA, sum(plan.partition_cut_batches))
+    first = sum(plan.partition_cut_batches[:partition])
+    numbers = range(first, first + plan.partition_cut_batches[partition])
+    batches = (_batch(output, PLAN_CUTS, cuts, number) for number in numbers)
+    return [_source_recording(row) for row in recordings.to_pylist()], batches
 
 
 def refuse_uncommitted(directory: str) -> None:
@@ -314,32 +352,91 @@ def _partitions(planned_bytes: np.ndarray, max_shard_bytes: int) -> np.ndarray:
     return partition_of
 
 
-def _recording_positions(catalogue: SourceCatalogue, cuts: pa.Table) -> np.ndarray:
+def _write_cut_batches(
+    scratch: str, catalogue: SourceCatalogue, partition_of: np.ndarray, memory_bytes: int
+) -> tuple[str, list[int]]:
+    """Write the cuts grouped by partition (in input order within each when the input
+    lists them in recording order, as nearly every input does; sorted externally by
+    partition otherwise) in batches of at most :data:`_CUT_BATCH_ROWS`; returns the
+    file's path and each partition's number of batches."""
+    table = catalogue.cuts.table()
     ids = pa.array([recording.recording_id for recording in catalogue.recordings], pa.string())
-    positions = pc.index_in(cuts.column("recording_id"), value_set=ids)
-    return np.asarray(positions.to_numpy(zero_copy_only=False), dtype=np.int64)
+    path = os.path.join(scratch, f"plan-{len(os.listdir(scratch))}.arrow")
+    counts = [0] * (int(partition_of[-1]) + 1)
+    with contextlib.ExitStack() as stack:
+        grouped = _in_partition_order(table, ids, partition_of)
+        batches: Iterator[tuple[pa.RecordBatch, np.ndarray]]
+        if grouped:
+            batches = _with_partitions(table.to_batches(_CUT_BATCH_ROWS), ids, partition_of)
+        else:
+            batches = _sorted_by_partition(table, ids, partition_of, scratch, memory_bytes, stack)
+        sink = stack.enter_context(pa.OSFile(path, "wb"))
+        writer = stack.enter_context(pa.ipc.new_file(sink, CUT_COLUMNS_SCHEMA))
+        for batch, partitions in batches:
+            edges = np.flatnonzero(np.diff(partitions)) + 1
+            for start, stop in zip([0, *edges], [*edges, len(partitions)], strict=True):
+                if stop > start:
+                    writer.write_batch(batch.slice(start, stop - start))
+                    counts[int(partitions[start])] += 1
+            release_mapped_pages()
+    return path, counts
 
 
-def _cuts_by_partition(catalogue: SourceCatalogue, partition_of: np.ndarray) -> pa.Table:
-    """The cuts, grouped by partition and in input order within each (unsorted when the
-    input lists its cuts in recording order, as nearly every input does)."""
-    cuts = catalogue.cuts.table()
-    cut_partitions = partition_of[_recording_positions(catalogue, cuts)]
-    if len(cut_partitions) and not bool(np.all(np.diff(cut_partitions) >= 0)):
-        cuts = cuts.take(pa.array(np.argsort(cut_partitions, kind="stable")))
-    return cuts
+def _partitions_of(
+    recording_ids: pa.Array, ids: pa.Array, partition_of: np.ndarray
+) -> npt.NDArray[np.int64]:
+    positions = pc.index_in(recording_ids, value_set=ids)
+    return np.asarray(partition_of[np.asarray(positions.to_numpy(zero_copy_only=False))], np.int64)
 
 
-def _write_batches(
-    scratch: str,
+def _with_partitions(
+    batches: list[pa.RecordBatch], ids: pa.Array, partition_of: np.ndarray
+) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+    for batch in batches:
+        yield batch, _partitions_of(batch.column("recording_id"), ids, partition_of)
+
+
+def _in_partition_order(table: pa.Table, ids: pa.Array, partition_of: np.ndarray) -> bool:
+    """Whether the cuts' partitions never decrease from one row to the next."""
+    last = 0
+    for batch, partitions in _with_partitions(table.to_batches(1 << 20), ids, partition_of):
+        if len(partitions) and (partitions[0] < last or np.any(np.diff(partitions) < 0)):
+            return False
+        last = int(partitions[-1]) if len(partitions) else last
+        del batch
+    release_mapped_pages()
+    return True
+
+
+def _sorted_by_partition(
     table: pa.Table,
-    partition_of_row: np.ndarray,
-    digest: Any,
-    partitions: int | None = None,
-) -> str:
+    ids: pa.Array,
+    partition_of: np.ndarray,
+    scratch: str,
+    memory_bytes: int,
+    stack: contextlib.ExitStack,
+) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+    """The cuts sorted by partition (stable: input order within each), in batches."""
+    keyed = CUT_COLUMNS_SCHEMA.append(pa.field(_PARTITION_KEY, pa.binary()))
+    ordered = stack.enter_context(ExternalSort(keyed, _PARTITION_KEY, scratch, memory_bytes))
+    for batch, partitions in _with_partitions(table.to_batches(_CUT_BATCH_ROWS), ids, partition_of):
+        keys = np.asarray(partitions, dtype=">u4").tobytes()
+        key = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(4), len(partitions), [None, pa.py_buffer(keys)]
+        ).cast(pa.binary())
+        ordered.add(batch.append_column(_PARTITION_KEY, key))
+        release_mapped_pages()
+    for batch in ordered.sorted_batches():
+        rows = batch.drop_columns([_PARTITION_KEY])
+        for start in range(0, rows.num_rows, _CUT_BATCH_ROWS):
+            piece = rows.slice(start, _CUT_BATCH_ROWS)
+            yield piece, _partitions_of(piece.column("recording_id"), ids, partition_of)
+
+
+def _write_batches(scratch: str, table: pa.Table, partition_of_row: np.ndarray, digest: Any) -> str:
     """Write ``table`` (rows grouped by partition) with one record batch per partition,
     hashing what is written into ``digest``; returns the file's path."""
-    count = int(partition_of_row.max()) + 1 if partitions is None else partitions
+    count = int(partition_of_row.max()) + 1
     edges = np.searchsorted(partition_of_row, np.arange(count + 1), side="left")
     path = os.path.join(scratch, f"plan-{len(os.listdir(scratch))}.arrow")
     with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -349,10 +446,14 @@ def _write_batches(
             writer.write_batch(
                 part.to_batches()[0] if part.num_rows else _empty_batch(table.schema)
             )
+    _hash_file(path, digest)
+    return path
+
+
+def _hash_file(path: str, digest: Any) -> None:
     with open(path, "rb") as written:
         for block in iter(lambda: written.read(1 << 20), b""):
             digest.update(block)
-    return path
 
 
 def _empty_batch(schema: pa.Schema) -> pa.RecordBatch:
@@ -365,6 +466,7 @@ def _summary(
     partition_of: np.ndarray,
     max_shard_bytes: int,
     digest: str,
+    cut_batches: list[int],
 ) -> PackPlan:
     count = int(partition_of.max()) + 1
     planned = np.asarray(recordings.column("planned_bytes").to_numpy(), dtype=np.int64)
@@ -386,25 +488,30 @@ def _summary(
         partition_seconds=tuple(
             round(s, 3) for s in np.bincount(partition_of, weights=seconds, minlength=count)
         ),
+        partition_cut_batches=tuple(cut_batches),
     )
 
 
-def _batch(
-    output: PackOutput, name: str, schema: pa.Schema, plan: PackPlan, partition: int
-) -> pa.RecordBatch:
+def _plan_table(
+    output: PackOutput, name: str, schema: pa.Schema, batches: int
+) -> pa.ipc.RecordBatchFileReader:
     reader = output.open_table(name)
-    if reader.num_record_batches != plan.partitions or not reader.schema.equals(schema):
+    if reader.num_record_batches != batches or not reader.schema.equals(schema):
         raise SourceError(
-            f"does not match the plan ({reader.num_record_batches} batches for "
-            f"{plan.partitions} partitions)",
+            f"does not match the plan ({reader.num_record_batches} batches where the plan "
+            f"has {batches})",
             where=output.where(name),
         )
+    return reader
+
+
+def _batch(
+    output: PackOutput, name: str, reader: pa.ipc.RecordBatchFileReader, number: int
+) -> pa.RecordBatch:
     try:
-        return reader.get_batch(partition)
+        return reader.get_batch(number)
     except pa.ArrowException as exc:
-        raise SourceError(
-            f"cannot read partition {partition}: {exc}", where=output.where(name)
-        ) from exc
+        raise SourceError(f"cannot read batch {number}: {exc}", where=output.where(name)) from exc
 
 
 def _source_recording(row: dict[str, Any]) -> SourceRecording:

@@ -13,11 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutfs.codec.catalogue.mapped_table import release_mapped_pages, track_map
 from cutfs.codec.errors import SourceError
+from cutfs.codec.spill.external_sort import ExternalSort
+from cutfs.codec.spill.memory_budget import DEFAULT_MEMORY_BYTES, buffer_bytes
 from cutfs.codec.trust.limits import InputLimits
 
 
@@ -38,6 +41,8 @@ class Refusals:
     limits: InputLimits = field(default_factory=InputLimits)
     #: Lines read so far, of all the source's files.
     lines_read: int = 0
+    #: What the checks may buffer of the cut ids when they sort them (more is spilled to disk).
+    sort_memory_bytes: int = buffer_bytes(DEFAULT_MEMORY_BYTES)
 
     def count_line(self, where: str) -> None:
         """One more line read; a source past :attr:`InputLimits.entries` is refused whole."""
@@ -142,6 +147,8 @@ CUT_COLUMNS_SCHEMA: Final = pa.schema(
 )
 #: Cuts converted to Arrow at once.
 _BATCH_ROWS: Final = 1 << 16
+#: Cuts checked at once.
+_CHECK_ROWS: Final = 1 << 20
 
 
 class CutColumns:
@@ -292,21 +299,41 @@ class SourceCatalogue:
             raise SourceError(f"no recordings found{refused}", where=self.kind)
 
     def _check_cuts(self, recordings: list[SourceRecording], refusals: Refusals) -> None:
-        """Refuse duplicate cut ids (the later ones) and cuts of unknown recordings, with
-        vectorised kernels over the columns (no Python object per cut)."""
+        """Refuse cuts of unknown recordings and duplicate cut ids (the later ones), in
+        bounded memory: vectorised kernels over chunks of the spilled columns, and an
+        external sort of the ids (no Python object per cut)."""
         table = self.cuts.table()
         known = pa.array([recording.recording_id for recording in recordings], pa.string())
-        unknown = pc.is_null(pc.index_in(table.column("recording_id"), value_set=known))
-        keep = ~np.asarray(unknown.to_numpy(zero_copy_only=False), dtype=bool)
-        keep &= ~_later_duplicates(table.column("cut_id"))
+        refused: list[npt.NDArray[np.int64]] = []
+        for start in range(0, table.num_rows, _CHECK_ROWS):
+            chunk = table.column("recording_id").slice(start, _CHECK_ROWS)
+            unknown = pc.is_null(pc.index_in(chunk, value_set=known))
+            rows = np.flatnonzero(np.asarray(unknown.to_numpy(zero_copy_only=False), dtype=bool))
+            if len(rows):
+                refused.append(rows + start)
+                self._refuse_rows(table, rows + start, refusals, unknown=True)
         release_mapped_pages()
-        if keep.all():
+        for rows in _later_duplicates(table.column("cut_id"), refusals.sort_memory_bytes):
+            refused.append(rows)
+            self._refuse_rows(table, rows, refusals, unknown=False)
+        release_mapped_pages()
+        if not refused:
             return
-        for row in np.flatnonzero(~keep)[: 1 if refusals.strict else None]:
-            cut_id = table.column("cut_id")[int(row)].as_py()
-            where = table.column("described_in")[int(row)].as_py()
-            if unknown[int(row)].as_py():
-                recording_id = table.column("recording_id")[int(row)].as_py()
+        rows = np.concatenate(refused)
+        keep = np.ones(table.num_rows, dtype=bool)
+        keep[rows] = False
+        self.cuts.replace(table.filter(pa.array(keep)))
+
+    def _refuse_rows(
+        self, table: pa.Table, rows: npt.NDArray[np.int64], refusals: Refusals, *, unknown: bool
+    ) -> None:
+        """Refuse cut rows, of unknown recordings or duplicate ids: strict refusals raise at
+        the first."""
+        for row in rows.tolist():
+            cut_id = table.column("cut_id")[row].as_py()
+            where = table.column("described_in")[row].as_py()
+            if unknown:
+                recording_id = table.column("recording_id")[row].as_py()
                 message = (
                     f"cut {cut_id!r} refers to unknown "
                     f"{'or refused ' if refusals.messages else ''}recording {recording_id!r}"
@@ -314,7 +341,6 @@ class SourceCatalogue:
             else:
                 message = f"duplicate cut id {cut_id!r}"
             refusals.refuse(SourceError(message, where=where))
-        self.cuts.replace(table.filter(pa.array(keep)))
 
 
 def is_text(value: str) -> bool:
@@ -334,20 +360,30 @@ def _metadata_text(metadata: dict[str, Any]) -> str:
     return text if is_text(text) else json.dumps(metadata, sort_keys=True)
 
 
-def _later_duplicates(ids: pa.ChunkedArray) -> np.ndarray:
-    """A mask of the rows whose id an earlier row already has."""
-    count = len(ids)
-    if count == 0:
-        return np.zeros(0, dtype=bool)
-    order = np.asarray(pc.sort_indices(ids).to_numpy(), dtype=np.int64)
-    ordered = ids.take(pa.array(order))
-    same = np.asarray(
-        pc.equal(ordered.slice(1), ordered.slice(0, count - 1)).to_numpy(zero_copy_only=False),
-        dtype=bool,
-    )
-    later = np.zeros(count, dtype=bool)
-    if not same.any():
-        return later
-    # A stable sort keeps equal ids in row order: each run's first row is the earliest.
-    later[order[1:][same]] = True
-    return later
+def _later_duplicates(ids: pa.ChunkedArray, memory_bytes: int) -> Iterator[npt.NDArray[np.int64]]:
+    """The rows whose id an earlier row already has, a group at a time (in id order): an
+    external sort of (id, row), which keeps equal ids in row order, so the first row of
+    each run of equal ids is the earliest."""
+    schema = pa.schema([("cut_id", ids.type), ("row", pa.int64())])
+    with (
+        tempfile.TemporaryDirectory(prefix="cutfs-ids-") as scratch,
+        ExternalSort(schema, "cut_id", scratch, memory_bytes) as ordered,
+    ):
+        for start in range(0, len(ids), _CHECK_ROWS):
+            chunk = ids.slice(start, _CHECK_ROWS).combine_chunks()
+            rows = np.arange(start, start + len(chunk), dtype=np.int64)
+            ordered.add(pa.record_batch([chunk, pa.array(rows)], schema=schema))
+            release_mapped_pages()
+        previous: str | None = None
+        for batch in ordered.sorted_batches():
+            if batch.num_rows == 0:
+                continue
+            sorted_ids = batch.column(0)
+            same = np.zeros(batch.num_rows, dtype=bool)
+            same[0] = previous is not None and sorted_ids[0].as_py() == previous
+            if batch.num_rows > 1:
+                equal = pc.equal(sorted_ids.slice(1), sorted_ids.slice(0, batch.num_rows - 1))
+                same[1:] = np.asarray(equal.to_numpy(zero_copy_only=False), dtype=bool)
+            previous = sorted_ids[-1].as_py()
+            if same.any():
+                yield np.sort(np.asarray(batch.column(1).to_numpy(), dtype=np.int64)[same])

@@ -244,7 +244,9 @@ def test_catalogues_on_network_storage_are_copied_to_a_private_cache(
     assert {item.stat().st_mode & 0o777 for item in copy.iterdir()} == {0o600}
     assert catalogue_copy.catalogue_directory(str(packed), str(cache)) == str(copy)  # reused
     with ShardSet(str(packed), cache_root=str(cache)) as shards:
-        assert list(shards.cut_ids) == [i or "empty" for i in IDS]
+        # A pack writes its cuts in the order of their ids' bytes, whatever the input's.
+        expected = sorted((i or "empty" for i in IDS), key=lambda i: i.encode())
+        assert list(shards.cut_ids) == expected
     copy.chmod(0o777)  # a copy others could have written is not mapped
     with pytest.raises(SourceError, match="writable by its group or others"):
         catalogue_copy.catalogue_directory(str(packed), str(cache))

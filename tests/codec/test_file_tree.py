@@ -150,7 +150,7 @@ def test_a_tree_written_in_small_batches_is_the_same_tree(
     (tmp_path / "whole").mkdir()
     (tmp_path / "batched").mkdir()
     whole, paths = _tree(tmp_path / "whole", ids)
-    monkeypatch.setattr(file_tree, "_TREE_BATCH", 7)  # directories met again in later batches
+    monkeypatch.setattr(file_tree, "TREE_BATCH", 7)  # directories met again in later batches
     batched, _ = _tree(tmp_path / "batched", ids)
     assert _walk(batched) == _walk(whole)
     assert len([p for p, item in _walk(batched).items() if item is not None]) == len(ids)

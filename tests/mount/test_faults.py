@@ -289,13 +289,15 @@ def test_rows_that_lie_fail_only_the_reads_they_reach(
     cuts = pa.ipc.open_file(pa.memory_map(str(copy / CUTS_FILE))).read_all()
     recordings = pa.ipc.open_file(pa.memory_map(str(copy / RECORDINGS_FILE))).read_all()
     lying_cut = cuts.column("cut_id")[0].as_py()
+    paths = pa.ipc.open_file(pa.memory_map(str(copy / "cuts.paths.arrow"))).read_all()
+    lying_path = paths.column("path")[0].as_py()  # ids may be escaped in their paths
     lying_recording = recordings.column("recording_id")[3].as_py()
-    honest_cut = next(
-        cut_id
-        for cut_id, recording in zip(
-            cuts.column("cut_id").to_pylist(), cuts.column("recording").to_pylist(), strict=True
+    honest_path = next(
+        path
+        for path, recording in zip(
+            paths.column("path").to_pylist(), cuts.column("recording").to_pylist(), strict=True
         )
-        if recording != 3 and cut_id != lying_cut
+        if recording != 3 and path != lying_path
     )
     _rewrite_column(copy / CUTS_FILE, "num_frames", _far_past_the_end)
     _rewrite_column(copy / RECORDINGS_FILE, "seek_byte_offsets", _seek_point_past_the_blob)
@@ -305,13 +307,13 @@ def test_rows_that_lie_fail_only_the_reads_they_reach(
         for _ in range(int(processes)):  # whichever process answers
             Path("/proc/sys/vm/drop_caches").write_text("3\n")
             for path in (
-                os.path.join(mount, "cuts", f"{lying_cut}.wav"),
+                os.path.join(mount, "cuts", lying_path),
                 os.path.join(mount, "recordings", f"{lying_recording}.wav"),
             ):
                 with pytest.raises(OSError) as failed:
                     _read(path)
                 assert failed.value.errno == errno.EIO
-        assert _read(os.path.join(mount, "cuts", f"{honest_cut}.wav"))[:4] == b"RIFF"
+        assert _read(os.path.join(mount, "cuts", honest_path))[:4] == b"RIFF"
     text = log.read_text()
     assert f"cut {lying_cut!r} lies outside its recording" in text
     assert f"recording {lying_recording}: its seek index points outside" in text

@@ -144,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="bytes per shard, e.g. 512M (default 1G)",
     )
+    _add_memory_argument(pack_parser)
     pack_parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     _add_engine_arguments(pack_parser)
     pack_parser.set_defaults(command="pack", run=_pack)
@@ -191,6 +192,23 @@ def _parser() -> argparse.ArgumentParser:
 #: ``--shard-size`` unless given: shard_writer's DEFAULT_SHARD_BYTES (not imported here:
 #: it brings pyarrow into every command's start).
 _DEFAULT_SHARD_SIZE: Final = "1G"
+
+
+#: ``--memory`` unless given: memory_budget's DEFAULT_MEMORY_BYTES (not imported here, as
+#: for the shard size).
+_DEFAULT_MEMORY: Final = "2G"
+
+
+def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--memory",
+        type=_size,
+        default=_DEFAULT_MEMORY,
+        metavar="BYTES",
+        help="memory the pack may use, e.g. 4G (default 2G): cuts beyond it are sorted on "
+        "disk, in the output's scratch space (and TMPDIR while the sources are read), "
+        "whatever their number",
+    )
 
 
 def _size(text: str) -> int:
@@ -294,6 +312,7 @@ def _pack_step_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="source bytes per partition, each one shard (default 1G)",
     )
+    _add_memory_argument(plan)
     plan.set_defaults(command="pack plan", run=_pack_plan)
     run = steps.add_parser("run", help="pack partitions into their shards and partial tables")
     run.add_argument("output", metavar="OUT")
@@ -315,6 +334,7 @@ def _pack_step_parser() -> argparse.ArgumentParser:
     commit.add_argument(
         "--keep-parts", action="store_true", help="keep the plan and the partial tables"
     )
+    _add_memory_argument(commit)
     commit.set_defaults(command="pack commit", run=_pack_commit)
     status = steps.add_parser(
         "status", help="partitions done, running and failed; hours packed; time left"
@@ -360,6 +380,7 @@ def _pack(args: argparse.Namespace) -> int:
                 args.output,
                 _engine(args),
                 max_shard_bytes=args.shard_size,
+                memory_bytes=args.memory,
                 on_progress=progress.update if progress else None,
             )
         else:
@@ -368,6 +389,7 @@ def _pack(args: argparse.Namespace) -> int:
                 args.output,
                 jobs=max(args.jobs, 1),
                 max_shard_bytes=args.shard_size,
+                memory_bytes=args.memory,
                 on_progress=progress.update if progress else None,
             )
     except CutfsError as exc:
@@ -455,7 +477,7 @@ def _pack_plan(args: argparse.Namespace) -> int:
     def step() -> int:
         output = open_pack_output(args.output)
         try:
-            plan = make_plan(args.sources, output, args.shard_size)
+            plan = make_plan(args.sources, output, args.shard_size, args.memory)
         finally:
             output.close()
         print(
@@ -504,7 +526,7 @@ def _pack_commit(args: argparse.Namespace) -> int:
         started = time.monotonic()
         output = open_pack_output(args.output)
         try:
-            report = commit_pack(output, keep_parts=args.keep_parts)
+            report = commit_pack(output, keep_parts=args.keep_parts, memory_bytes=args.memory)
         finally:
             output.close()
         if report.already_committed:
