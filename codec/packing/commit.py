@@ -31,6 +31,7 @@ from cutfs.codec.errors import SourceError
 from cutfs.codec.packing.output import PackOutput
 from cutfs.codec.packing.partition_packer import PartitionResult, finished_partitions, part_name
 from cutfs.codec.packing.plan import PLAN_CUTS, PLAN_FILE, PLAN_RECORDINGS, PackPlan, read_plan
+from cutfs.codec.packing.progress import SORTING, PackProgress, ProgressCallback
 from cutfs.codec.spill.catalogue_writer import CatalogueWriter
 from cutfs.codec.spill.memory_budget import DEFAULT_MEMORY_BYTES, buffer_bytes
 
@@ -53,7 +54,11 @@ class PackReport:
 
 
 def commit_pack(
-    output: PackOutput, *, keep_parts: bool = False, memory_bytes: int = DEFAULT_MEMORY_BYTES
+    output: PackOutput,
+    *,
+    keep_parts: bool = False,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    on_progress: ProgressCallback | None = None,
 ) -> PackReport:
     """Commit the pack in ``output`` (see the module docstring).
 
@@ -70,11 +75,19 @@ def commit_pack(
     with output.scratch() as scratch:
         spill = os.path.join(scratch, "spill")
         os.makedirs(spill, exist_ok=True)
-        with CatalogueWriter(scratch, spill, buffer_bytes(memory_bytes)) as catalogue:
-            first_recording = 0
+
+        def on_rows(phase: str, done: int, total: int) -> None:
+            if on_progress is not None:
+                on_progress(PackProgress.of_rows(phase, done, total))
+
+        budget = buffer_bytes(memory_bytes)
+        with CatalogueWriter(scratch, spill, budget, on_rows) as catalogue:
+            first_recording, added, total = 0, 0, sum(result.cuts for result in results)
             for result in results:
                 for cuts in _part_cuts(output, result, first_recording):
                     catalogue.add(cuts)
+                    added += cuts.num_rows
+                    on_rows(SORTING, added, total)
                 first_recording += result.recordings
             written = catalogue.finish()
         write_recordings(scratch, recordings)

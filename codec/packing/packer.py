@@ -107,14 +107,14 @@ class _PackSteps:
     on_progress: ProgressCallback | None
 
     def run(self, sources: list[str], output: PackOutput, engine: PackEngine) -> PackReport:
-        plan = make_plan(sources, output, self.max_shard_bytes, self.memory_bytes)
+        plan = make_plan(sources, output, self.max_shard_bytes, self.memory_bytes, self.on_progress)
         todo = [
             partition
             for partition, done in enumerate(finished_partitions(output, plan))
             if done is None
         ]
         engine.run(output, plan, todo, self.on_progress)
-        report = commit_pack(output, memory_bytes=self.memory_bytes)
+        report = commit_pack(output, memory_bytes=self.memory_bytes, on_progress=self.on_progress)
         report.output_dir = output.uri
         return report
 

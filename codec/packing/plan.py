@@ -42,6 +42,7 @@ from cutfs.codec.catalogue.mapped_table import release_mapped_pages
 from cutfs.codec.catalogue.shard_format import MANIFEST_FILE
 from cutfs.codec.errors import CutfsError, SourceError
 from cutfs.codec.packing.output import PackOutput
+from cutfs.codec.packing.progress import PLANNING, READING, PackProgress, ProgressCallback
 from cutfs.codec.sources import Refusals, SourceCatalogue, SourceRecording, read_source
 from cutfs.codec.sources.catalogue import CUT_COLUMNS_SCHEMA, DeclaredAudio
 from cutfs.codec.spill.external_sort import ExternalSort
@@ -159,6 +160,7 @@ def make_plan(
     output: PackOutput,
     max_shard_bytes: int,
     memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    on_progress: ProgressCallback | None = None,
 ) -> PackPlan:
     """Read ``sources``, check them, and write the plan of packing them into ``output``,
     in about ``memory_bytes`` whatever the number of cuts.
@@ -175,7 +177,10 @@ def make_plan(
             "already holds a shard directory; choose a new output or remove it",
             where=output.uri,
         )
+    report = on_progress or _ignore
+    report(PackProgress.of_rows(READING, 0, 0))
     catalogue = read_source(sources, Refusals(sort_memory_bytes=buffer_bytes(memory_bytes)))
+    report(PackProgress.of_rows(PLANNING, 0, len(catalogue.cuts)))
     check_recordings_exist(catalogue)
     recordings = _recordings_table(catalogue.recordings, object_sizes(catalogue.recordings))
     partition_of = _partitions(recordings.column("planned_bytes").to_numpy(), max_shard_bytes)
@@ -183,7 +188,7 @@ def make_plan(
         digest = hashlib.sha256(f"{PLAN_VERSION} {max_shard_bytes}".encode())
         recordings_path = _write_batches(scratch, recordings, partition_of, digest)
         cuts_path, cut_batches = _write_cut_batches(
-            scratch, catalogue, partition_of, buffer_bytes(memory_bytes)
+            scratch, catalogue, partition_of, buffer_bytes(memory_bytes), report
         )
         _hash_file(cuts_path, digest)
         plan = _summary(
@@ -353,7 +358,11 @@ def _partitions(planned_bytes: np.ndarray, max_shard_bytes: int) -> np.ndarray:
 
 
 def _write_cut_batches(
-    scratch: str, catalogue: SourceCatalogue, partition_of: np.ndarray, memory_bytes: int
+    scratch: str,
+    catalogue: SourceCatalogue,
+    partition_of: np.ndarray,
+    memory_bytes: int,
+    report: ProgressCallback,
 ) -> tuple[str, list[int]]:
     """Write the cuts grouped by partition (in input order within each when the input
     lists them in recording order, as nearly every input does; sorted externally by
@@ -363,6 +372,7 @@ def _write_cut_batches(
     ids = pa.array([recording.recording_id for recording in catalogue.recordings], pa.string())
     path = os.path.join(scratch, f"plan-{len(os.listdir(scratch))}.arrow")
     counts = [0] * (int(partition_of[-1]) + 1)
+    written = 0
     with contextlib.ExitStack() as stack:
         grouped = _in_partition_order(table, ids, partition_of)
         batches: Iterator[tuple[pa.RecordBatch, np.ndarray]]
@@ -378,6 +388,8 @@ def _write_cut_batches(
                 if stop > start:
                     writer.write_batch(batch.slice(start, stop - start))
                     counts[int(partitions[start])] += 1
+            written += len(partitions)
+            report(PackProgress.of_rows(PLANNING, written, table.num_rows))
             release_mapped_pages()
     return path, counts
 
@@ -533,3 +545,7 @@ def _source_recording(row: dict[str, Any]) -> SourceRecording:
         parquet_column=row["parquet_column"],
         url=row["url"],
     )
+
+
+def _ignore(progress: PackProgress) -> None:
+    pass

@@ -26,7 +26,7 @@ sort apart from the ids).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -63,6 +63,8 @@ from cutfs.codec.errors import SourceError
 from cutfs.codec.spill.column_spill import ColumnSpill
 from cutfs.codec.spill.external_sort import ExternalSort
 
+#: Hears ``(phase, rows done, rows)`` as a catalogue is written.
+RowsCallback = Callable[[str, int, int], None]
 #: The sort key of a tree entry: its directory (4 bytes, big-endian), then its name.
 _ENTRY_KEY: Final = "entry_key"
 _SORTED_ENTRY_SCHEMA: Final = ENTRY_SCHEMA.append(pa.field(_ENTRY_KEY, pa.large_binary()))
@@ -89,7 +91,16 @@ class CatalogueWriter:
     files go in every case.  Raises :class:`SourceError` on two cuts of one id.
     """
 
-    def __init__(self, directory: str, scratch: str, memory_bytes: int) -> None:
+    def __init__(
+        self,
+        directory: str,
+        scratch: str,
+        memory_bytes: int,
+        on_rows: RowsCallback | None = None,
+    ) -> None:
+        """``on_rows(phase, done, total)`` hears how far :meth:`finish` is, now and then:
+        phase ``"merging"`` counts cuts written, ``"writing trees"`` tree entries."""
+        self._on_rows = on_rows or _ignore
         self._directory = directory
         self._scratch = scratch
         self._memory_bytes = memory_bytes
@@ -130,15 +141,19 @@ class CatalogueWriter:
                 tree.add_files(batch_paths, summary.cuts)
                 kaldi.append(ids, batch_paths, summary.cuts)
                 summary.cuts += batch.num_rows
+                self._on_rows("merging", summary.cuts, self._sort.rows)
             summary.runs = self._sort.runs_written
             self._sort.close()
             cuts.finish(cut_file, mode)
+            cuts.close()  # its spilled buffers: as large as the table
             if tree.clashes:
                 _write_in_memory(cut_file, prefix, tree=True, mode=mode)
                 return summary
             paths.finish(prefix + PATHS, mode)
             paths.close()
-            tree.finish(prefix, mode)
+            tree.finish(
+                prefix, mode, lambda done, total: self._on_rows("writing trees", done, total)
+            )
             kaldi_file = os.path.join(self._directory, KALDI_ORDER_FILE)
             if kaldi.in_id_order:
                 kaldi.finish(kaldi_file, mode)
@@ -215,7 +230,7 @@ class _TreeSpill:
         key = pc.binary_join_element_wise(prefixes.cast(pa.large_binary()), names, _EMPTY)
         self._sort.add(entries.append_column(_ENTRY_KEY, key))
 
-    def finish(self, prefix: str, mode: int | None) -> None:
+    def finish(self, prefix: str, mode: int | None, on_rows: Callable[[int, int], None]) -> None:
         for entries in self._directories.entries:
             self._add(entries)
         parents = self._directories.parents()
@@ -231,6 +246,7 @@ class _TreeSpill:
                 counts += np.bincount(directory, minlength=len(parents))
                 children = np.asarray(entries.column("child").to_numpy(), dtype=np.int64)
                 subdirectories += np.bincount(directory[children >= 0], minlength=len(parents))
+                on_rows(len(written), self._sort.rows)
             self._sort.close()
             written.finish(prefix + ENTRIES, mode)
         first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
@@ -292,3 +308,7 @@ def _write_in_memory(cut_file: str, prefix: str, *, tree: bool, mode: int | None
         write_file_tree(prefix, paths, mode)
     write_kaldi_order(os.path.join(os.path.dirname(cut_file), KALDI_ORDER_FILE), ids, paths, mode)
     release_mapped_pages()
+
+
+def _ignore(phase: str, done: int, total: int) -> None:
+    pass

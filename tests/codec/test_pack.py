@@ -259,6 +259,12 @@ def test_the_cli_prints_a_summary(tmp_path: Path, corpus: dict[str, str]) -> Non
     progress = [line for line in result.stderr.splitlines() if line.startswith("packing:")]
     assert progress and "2/2 recordings (100%)" in progress[-1]
     assert " h of audio" in progress[-1] and "ETA" in progress[-1]
+    # The phases that count cuts, each as a line when it begins and when it ends.
+    names = ("reading", "planning", "sorting", "merging", "writing trees")
+    phases = [line for line in result.stderr.splitlines() if line.startswith(names)]
+    order = [line.split(":")[0].split(",")[0] for line in phases]
+    assert sorted(set(order), key=order.index) == list(names)
+    assert "merging: 2 of 2, " in result.stderr
 
 
 def test_pack_draws_a_progress_bar_on_a_terminal(tmp_path: Path, corpus: dict[str, str]) -> None:

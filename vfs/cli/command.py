@@ -556,14 +556,20 @@ def _pack_status(args: argparse.Namespace) -> int:
 
 class _Progress:
     """Pack progress on stderr: a tqdm bar on a terminal (percentage, rate, ETA, hours of
-    audio, bytes), otherwise a plain line every 10 s for logs."""
+    audio, bytes), otherwise a plain line every 10 s for logs; the phases that count cuts
+    (reading, planning, sorting, merging, writing trees) as lines of their own."""
 
     def __init__(self) -> None:
         self._bar: tqdm[NoReturn] | None = None
         self._started = time.monotonic()
         self._last = 0.0
+        self._phase_name = ""
+        self._phase_done = ""
 
     def update(self, progress: PackProgress) -> None:
+        if progress.phase != "packing":
+            self._phase(progress)
+            return
         if sys.stderr.isatty():
             self._draw(progress)
             return
@@ -582,6 +588,25 @@ class _Progress:
             file=sys.stderr,
             flush=True,
         )
+
+    def _phase(self, progress: PackProgress) -> None:
+        """A line when a phase that counts cuts begins, then every 10 s and at its end."""
+        now = time.monotonic()
+        new = progress.phase != self._phase_name
+        done = progress.rows > 0 and progress.rows_done == progress.rows
+        if not new and not done and now - self._last < 10.0:
+            return
+        if done and progress.phase == self._phase_done:
+            return
+        self._phase_name, self._last = progress.phase, now
+        if done:
+            self._phase_done = progress.phase
+        counted = f": {progress.rows_done:,} of {progress.rows:,}" if progress.rows else ""
+        line = f"{progress.phase}{counted}, {now - self._started:.0f} s elapsed"
+        if self._bar is not None:
+            self._bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     def _draw(self, progress: PackProgress) -> None:
         if self._bar is None:
