@@ -365,10 +365,7 @@ def _later_duplicates(ids: pa.ChunkedArray, memory_bytes: int) -> Iterator[npt.N
     external sort of (id, row), which keeps equal ids in row order, so the first row of
     each run of equal ids is the earliest."""
     schema = pa.schema([("cut_id", ids.type), ("row", pa.int64())])
-    with (
-        tempfile.TemporaryDirectory(prefix="cutfs-ids-") as scratch,
-        ExternalSort(schema, "cut_id", scratch, memory_bytes) as ordered,
-    ):
+    with ExternalSort(schema, "cut_id", None, memory_bytes) as ordered:  # TMPDIR if need be
         for start in range(0, len(ids), _CHECK_ROWS):
             chunk = ids.slice(start, _CHECK_ROWS).combine_chunks()
             rows = np.arange(start, start + len(chunk), dtype=np.int64)

@@ -35,12 +35,13 @@ _LEAST_RUN_BYTES: Final = 1 << 14
 
 class ExternalSort:
     """Rows of ``schema`` sorted by the column ``key`` in at most ``memory_bytes`` of
-    buffered rows (see the module docstring); run files go in ``scratch``.
+    buffered rows (see the module docstring); run files go in ``scratch``, or with
+    ``None`` in a private temporary directory made when the first run is written.
 
     Use as a context manager, or call :meth:`close`: it removes the run files.
     """
 
-    def __init__(self, schema: pa.Schema, key: str, scratch: str, memory_bytes: int) -> None:
+    def __init__(self, schema: pa.Schema, key: str, scratch: str | None, memory_bytes: int) -> None:
         kind = schema.field(key).type
         if not any(
             test(kind)
@@ -55,6 +56,7 @@ class ExternalSort:
         self.schema = schema
         self.key = key
         self._scratch = scratch
+        self._own_scratch: tempfile.TemporaryDirectory[str] | None = None
         #: Rows held before a run is sorted and written: a quarter of the budget (the sort
         #: copies them; a merge holds a batch of each run, sorted and copied again).
         self.run_bytes = max(memory_bytes // 4, _LEAST_RUN_BYTES)
@@ -107,6 +109,9 @@ class ExternalSort:
         for path in self._runs:
             _remove(path)
         self._runs = []
+        if self._own_scratch is not None:
+            self._own_scratch.cleanup()
+            self._own_scratch = None
 
     def _sorted_held(self) -> pa.Table:
         table = pa.Table.from_batches(self._held, schema=self.schema)
@@ -129,7 +134,7 @@ class ExternalSort:
     def _write_run_batches(self, batches: Iterator[pa.RecordBatch]) -> str:
         """Write sorted batches as a run file, in pieces of :meth:`_batch_rows`."""
         file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - named, kept until merged
-            dir=self._scratch, prefix="run-", suffix=".arrow", delete=False
+            dir=self._run_directory(), prefix="run-", suffix=".arrow", delete=False
         )
         try:
             with pa.PythonFile(file, mode="w") as sink, pa.ipc.new_file(sink, self.schema) as out:
@@ -143,6 +148,13 @@ class ExternalSort:
             raise
         file.close()
         return file.name
+
+    def _run_directory(self) -> str:
+        if self._scratch is not None:
+            return self._scratch
+        if self._own_scratch is None:
+            self._own_scratch = tempfile.TemporaryDirectory(prefix="cutfs-sort-")
+        return self._own_scratch.name
 
     def _merged(self, paths: list[str]) -> Iterator[pa.RecordBatch]:
         """The rows of sorted run files, merged into key order."""
