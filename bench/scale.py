@@ -97,6 +97,14 @@ def main() -> int:
         "--memory", default="2G", help="the catalogue writer's and the pack's budget (2G)"
     )
     parser.add_argument("--write-catalogue", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--mount-rounds",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only time N rounds of mounting the catalogues of --cuts already written, "
+        "alternating sizes (page cache dropped each time), into OUT/scale-mounts.json",
+    )
     args = parser.parse_args()
     if args.write_catalogue:
         count, directory = args.write_catalogue
@@ -104,6 +112,9 @@ def main() -> int:
         return 0
     if args.table_only:
         _write_table(args.out)
+        return 0
+    if args.mount_rounds:
+        _mount_rounds(args.work, args.cuts, args.mount_rounds, args.out)
         return 0
     args.work.mkdir(parents=True, exist_ok=True)
     base = _base_shards(args.work)
@@ -157,6 +168,22 @@ def _write_table(out: Path) -> None:
         for _ in [0]
         if memories
     ]
+    notes += [f"\n{r['note']}\n" for r in results if "note" in r]
+    mounts_file = out / "scale-mounts.json"
+    if mounts_file.exists():
+        rounds = json.loads(mounts_file.read_text())
+        for result in results:
+            found = rounds.get(str(result["cuts"]))
+            if found:
+                result["mount_rounds"] = f"{found['median_s']} ({found['min_s']}-{found['max_s']})"
+        counts = ", ".join(f"{int(count):,}" for count in rounds)
+        notes.append(
+            f"\nMount in alternating rounds (`--mount-rounds`): the catalogues of {counts} "
+            f"cuts mounted in turn, {len(next(iter(rounds.values()))['all_s'])} times each, "
+            "page cache dropped before each; median (min-max). The single mount of the "
+            "first row is each size's measurement run; the 100 M one came right after its "
+            "catalogue's 27.5 GB were written.\n"
+        )
     upgrades_file = out / "scale-upgrade.json"
     upgrades = json.loads(upgrades_file.read_text()) if upgrades_file.exists() else []
     text = _table(results) + "".join(notes) + _pack_table(packs) + _upgrade_table(upgrades)
@@ -456,6 +483,27 @@ def _mount_seconds(directory: Path, mountpoint: Path) -> float:
         subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
 
 
+def _mount_rounds(work: Path, counts: list[int], rounds: int, out: Path) -> None:
+    """Mount each size's catalogue in turn, ``rounds`` times, so that a shared machine's
+    noise falls on all sizes alike; the median and range per size, and every time."""
+    times: dict[int, list[float]] = {count: [] for count in counts}
+    for _ in range(rounds):
+        for count in counts:
+            directory = work / f"cuts-{count}"
+            times[count].append(_mount_seconds(directory, work / f"mnt-{count}"))
+    result = {
+        str(count): {
+            "median_s": statistics.median(values),
+            "min_s": min(values),
+            "max_s": max(values),
+            "all_s": values,
+        }
+        for count, values in times.items()
+    }
+    print(json.dumps(result, indent=2))
+    (out / "scale-mounts.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
 def _ids(numbers: np.ndarray) -> pa.Array:
     """``s<dir>/u<number>`` for many numbers without a Python string each."""
     import pyarrow.compute as pc  # noqa: PLC0415
@@ -655,6 +703,7 @@ def _table(results: list[dict[str, Any]]) -> str:
         ("  its writer's peak RSS (MB)", "catalogue_peak_rss_mb"),
         ("  its peak disk use, output included (MB)", "catalogue_peak_disk_mb"),
         ("mount ready (s)", "mount_seconds"),
+        ("mount ready, alternating rounds, median (min-max) (s)", "mount_rounds"),
         ("first cut: bytes read, tables included (KiB)", "first_cut_read_kib"),
         ("first cut: its compressed span (KiB)", "first_cut_span_kib"),
         ("PSS after mount (MB)", "pss_mounted_mb"),
