@@ -8,21 +8,18 @@ from pathlib import Path
 
 
 def daemon_pids(mountpoint: Path) -> list[int]:
-    """The ``cutfs mount`` process serving ``mountpoint``, then its children (the workers)."""
+    """The ``cutfs mount`` process serving ``mountpoint``, then all its descendants (serving
+    processes, the zygote and its decoder workers)."""
     daemons = subprocess.run(
         ["pgrep", "-f", f"cutfs.vfs.cli .*{mountpoint}"],
         capture_output=True,
         text=True,
         check=False,
     ).stdout.split()
-    children = (
-        subprocess.run(
-            ["pgrep", "-P", ",".join(daemons)], capture_output=True, text=True, check=False
-        ).stdout.split()
-        if daemons
-        else []
-    )
-    return [int(pid) for pid in daemons + children]
+    found: list[int] = []
+    for daemon in daemons:
+        found.extend(pid for pid in _tree(int(daemon)) if pid not in found)
+    return found
 
 
 def read_bytes(pids: list[int]) -> int:
