@@ -247,10 +247,10 @@ size at once and alternates rounds between them, so that a shared machine's nois
 on all sizes alike. "First cut" reads a cut of one recording, drops the page cache,
 then reads a cut of another and counts the bytes the daemon and its workers read from
 storage (`/proc/PID/io`), code faulted in again after the drop included. The tables
-above were measured before ca2964a, which counted the daemon's descendants one level
-deep: the decoder workers under the zygote are missing from their PSS (about 73 MB,
-at 10 k and 10 M alike: 182.6 MB after mount with them) and from the first cut's bytes
-read (0.0 above; 256 KiB with them for a 247 KiB span).
+above were measured before ca2964a; until then the benchmark counted the daemon's
+descendants one level deep: the decoder workers under the zygote are missing from
+their PSS (about 73 MB, at 10 k and 10 M alike: 182.6 MB after mount with them) and from
+the first cut's bytes read (0.0 above; 256 KiB with them for a 247 KiB span).
 """
 
 
