@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from cutfs.codec.catalogue.mapped_table import release_mapped_pages, track_map
 from cutfs.codec.errors import SourceError
-from cutfs.codec.spill.external_sort import ExternalSort
+from cutfs.codec.spill.external_sort import ExternalSort, repeats_of_previous
 from cutfs.codec.spill.memory_budget import DEFAULT_MEMORY_BYTES, buffer_bytes
 from cutfs.codec.trust.limits import InputLimits
 
@@ -371,16 +371,8 @@ def _later_duplicates(ids: pa.ChunkedArray, memory_bytes: int) -> Iterator[npt.N
             rows = np.arange(start, start + len(chunk), dtype=np.int64)
             ordered.add(pa.record_batch([chunk, pa.array(rows)], schema=schema))
             release_mapped_pages()
-        previous: str | None = None
+        previous: object | None = None
         for batch in ordered.sorted_batches():
-            if batch.num_rows == 0:
-                continue
-            sorted_ids = batch.column(0)
-            same = np.zeros(batch.num_rows, dtype=bool)
-            same[0] = previous is not None and sorted_ids[0].as_py() == previous
-            if batch.num_rows > 1:
-                equal = pc.equal(sorted_ids.slice(1), sorted_ids.slice(0, batch.num_rows - 1))
-                same[1:] = np.asarray(equal.to_numpy(zero_copy_only=False), dtype=bool)
-            previous = sorted_ids[-1].as_py()
+            same, previous = repeats_of_previous(batch.column(0), previous)
             if same.any():
                 yield np.sort(np.asarray(batch.column(1).to_numpy(), dtype=np.int64)[same])

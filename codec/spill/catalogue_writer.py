@@ -61,7 +61,7 @@ from cutfs.codec.catalogue.path_escape import SUFFIX
 from cutfs.codec.catalogue.shard_format import CUTS_FILE, CUTS_SCHEMA, CUTS_TREE, write_table
 from cutfs.codec.errors import SourceError
 from cutfs.codec.spill.column_spill import ColumnSpill
-from cutfs.codec.spill.external_sort import ExternalSort
+from cutfs.codec.spill.external_sort import ExternalSort, repeats_of_previous
 
 #: Hears ``(phase, rows done, rows)`` as a catalogue is written.
 RowsCallback = Callable[[str, int, int], None]
@@ -129,7 +129,7 @@ class CatalogueWriter:
             _KaldiSpill(self._scratch) as kaldi,
             _TreeSpill(self._scratch, self._memory_bytes // 2) as tree,
         ):
-            previous: str | None = None
+            previous: object | None = None
             for batch in _fixed_batches(self._sort.sorted_batches(), TREE_BATCH):
                 ids = batch.column("cut_id")
                 previous = _check_unique(ids, previous)
@@ -181,20 +181,12 @@ def _fixed_batches(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.
         yield pa.Table.from_batches(held).combine_chunks().to_batches()[0]
 
 
-def _check_unique(ids: pa.Array, previous: str | None) -> str | None:
+def _check_unique(ids: pa.Array, previous: object | None) -> object | None:
     """Refuse a sorted batch of ids holding one twice (or the last of the batch before);
     returns its last id."""
-    if len(ids) == 0:
-        return previous
-    first = ids[0].as_py()
-    if previous is not None and first == previous:
-        raise SourceError(f"duplicate cut id {first!r}")
-    if len(ids) > 1:
-        same = pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1))
-        if pc.any(same).as_py():
-            row = int(np.flatnonzero(same.to_numpy(zero_copy_only=False))[0])
-            raise SourceError(f"duplicate cut id {ids[row].as_py()!r}")
-    last: str = ids[-1].as_py()
+    same, last = repeats_of_previous(ids, previous)
+    if same.any():
+        raise SourceError(f"duplicate cut id {ids[int(np.flatnonzero(same)[0])].as_py()!r}")
     return last
 
 

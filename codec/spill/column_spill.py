@@ -65,7 +65,7 @@ class _SpilledColumn:
                 np.int64 if pa.types.is_large_list(kind) else np.int32
             )
             self._value_width = child.bit_width // 8
-        elif _is_binary_like(kind):
+        elif is_binary_like(kind):
             large = pa.types.is_large_string(kind) or pa.types.is_large_binary(kind)
             self._offset_type = np.dtype(np.int64 if large else np.int32)
             self._value_width = 1
@@ -266,7 +266,8 @@ def _fixed_width(kind: pa.DataType) -> bool:
     return bool(numeric and kind.bit_width % 8 == 0)
 
 
-def _is_binary_like(kind: pa.DataType) -> bool:
+def is_binary_like(kind: pa.DataType) -> bool:
+    """Whether ``kind`` is a string or binary type (32- or 64-bit offsets)."""
     return bool(
         pa.types.is_string(kind)
         or pa.types.is_large_string(kind)

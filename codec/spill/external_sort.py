@@ -24,8 +24,12 @@ import tempfile
 from collections.abc import Iterator
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from cutfs.codec.spill.column_spill import is_binary_like
 
 #: Runs merged at once at most (more are merged in passes).
 MAX_FAN_IN: Final = 32
@@ -43,15 +47,7 @@ class ExternalSort:
 
     def __init__(self, schema: pa.Schema, key: str, scratch: str | None, memory_bytes: int) -> None:
         kind = schema.field(key).type
-        if not any(
-            test(kind)
-            for test in (
-                pa.types.is_string,
-                pa.types.is_large_string,
-                pa.types.is_binary,
-                pa.types.is_large_binary,
-            )
-        ):
+        if not is_binary_like(kind):
             raise TypeError(f"the sort key {key!r} is {kind}, not strings or binaries")
         self.schema = schema
         self.key = key
@@ -216,6 +212,23 @@ class _RunCursor:
         taken = self._batch.slice(0, count)
         self._batch = self._batch.slice(count)
         return taken
+
+
+def repeats_of_previous(
+    keys: pa.Array, previous: object | None
+) -> tuple[npt.NDArray[np.bool_], object | None]:
+    """For a batch of sorted keys: which rows repeat the row before them (the first row
+    compared with ``previous``, the last key of the batch before), and this batch's last
+    key, to pass on with the next batch."""
+    count = len(keys)
+    same = np.zeros(count, dtype=bool)
+    if count == 0:
+        return same, previous
+    same[0] = previous is not None and keys[0].as_py() == previous
+    if count > 1:
+        equal = pc.equal(keys.slice(1), keys.slice(0, count - 1))
+        same[1:] = np.asarray(equal.to_numpy(zero_copy_only=False), dtype=bool)
+    return same, keys[-1].as_py()
 
 
 def _remove(path: str) -> None:
