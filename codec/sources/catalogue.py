@@ -184,6 +184,17 @@ class CutColumns:
         if len(self._pending) >= _BATCH_ROWS:
             self._flush()
 
+    def append_batch(self, batch: pa.RecordBatch) -> None:
+        """Keep cuts already in columns (of :data:`CUT_COLUMNS_SCHEMA`, checked as
+        :meth:`append` checks them: by the reader that made them)."""
+        if self._table is not None:
+            raise RuntimeError("cuts cannot be added after table()")
+        if not batch.schema.equals(CUT_COLUMNS_SCHEMA):
+            raise ValueError(f"cuts of schema {batch.schema}, not {CUT_COLUMNS_SCHEMA}")
+        self._flush()
+        self._writer.write_batch(batch)
+        self._count += batch.num_rows
+
     def __len__(self) -> int:
         return self._count
 
@@ -241,7 +252,7 @@ class CutColumns:
                     [None if c.channels is None else list(c.channels) for c in cuts],
                     pa.list_(pa.int16()),
                 ),
-                pa.array([_metadata_text(c.metadata) for c in cuts], pa.string()),
+                pa.array([metadata_text(c.metadata) for c in cuts], pa.string()),
                 pa.array([cut.described_in for cut in cuts], pa.string()),
             ],
             schema=CUT_COLUMNS_SCHEMA,
@@ -353,7 +364,7 @@ def is_text(value: str) -> bool:
     return True
 
 
-def _metadata_text(metadata: dict[str, Any]) -> str:
+def metadata_text(metadata: dict[str, Any]) -> str:
     """A cut's metadata as JSON text, its keys sorted; characters that UTF-8 cannot hold
     (lone surrogates) are written as JSON escapes."""
     text = json.dumps(metadata, ensure_ascii=False, sort_keys=True)

@@ -9,17 +9,26 @@ Fields are separated by spaces or tabs, as Kaldi's own readers accept.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from typing import Final
+
+import pyarrow as pa
 
 from cutfs.codec.errors import SourceError
 from cutfs.codec.sources.catalogue import (
+    CUT_COLUMNS_SCHEMA,
     CutColumns,
     Refusals,
     SourceCatalogue,
     SourceCut,
     SourceRecording,
+    metadata_text,
 )
 from cutfs.codec.sources.json_lines import bounded_lines
+from cutfs.codec.spill.external_sort import ExternalSort
+from cutfs.codec.spill.sorted_lookup import SortedLookup
 from cutfs.codec.trust.limits import parse_seconds
 
 
@@ -31,27 +40,19 @@ def read_kaldi_dir(directory: str, refusals: Refusals | None = None) -> SourceCa
     refusals = refusals if refusals is not None else Refusals()
     recordings = [
         _recording(key, value, where)
-        for key, value, where in _table(os.path.join(directory, "wav.scp"), refusals)
+        for key, value, where in _entries(os.path.join(directory, "wav.scp"), refusals)
     ]
-    speakers = _optional_map(os.path.join(directory, "utt2spk"), refusals)
-    texts = _optional_map(os.path.join(directory, "text"), refusals)
-    segments_path = os.path.join(directory, "segments")
     cuts = CutColumns()
+    segments_path = os.path.join(directory, "segments")
     if os.path.isfile(segments_path):
-        for utterance, value, where in _table(segments_path, refusals):
+        for utterance, value, where in _entries(segments_path, refusals):
             with refusals.entry():
-                cuts.append(_segment(utterance, value, where, speakers, texts))
+                cuts.append(_segment(utterance, value, where))
     else:
         for recording in recordings:
             key = recording.recording_id
-            cuts.append(
-                SourceCut(
-                    key,
-                    key,
-                    metadata=_metadata(key, speakers, texts),
-                    described_in=recording.described_in,
-                )
-            )
+            cuts.append(SourceCut(key, key, described_in=recording.described_in))
+    cuts = _with_metadata(cuts, directory, refusals)
     catalogue = SourceCatalogue(recordings, cuts, f"Kaldi data directory {directory}")
     catalogue.check(refusals)
     return catalogue
@@ -67,9 +68,7 @@ def _recording(key: str, value: str, where: str) -> SourceRecording:
     return SourceRecording(key, path=os.path.abspath(path), described_in=where)
 
 
-def _segment(
-    utterance: str, value: str, where: str, speakers: dict[str, str], texts: dict[str, str]
-) -> SourceCut:
+def _segment(utterance: str, value: str, where: str) -> SourceCut:
     fields = value.split()
     if len(fields) != 3:
         raise SourceError("a segments line is '<utt> <recording> <start> <end>'", where=where)
@@ -85,31 +84,82 @@ def _segment(
         recording_id,
         start,
         duration,
-        metadata=_metadata(utterance, speakers, texts),
         described_in=where,
     )
 
 
-def _metadata(key: str, speakers: dict[str, str], texts: dict[str, str]) -> dict[str, str]:
-    metadata = {}
-    if key in speakers:
-        metadata["speaker"] = speakers[key]
-    if key in texts:
-        metadata["text"] = texts[key]
-    return metadata
+#: The files that give each utterance (or recording, without ``segments``) a value, and
+#: the metadata key the value is kept under.
+_METADATA_FILES: Final = (("utt2spk", "speaker"), ("text", "text"))
+#: Lines of a metadata file added to its lookup at once.
+_LOOKUP_ROWS: Final = 1 << 16
 
 
-def _optional_map(path: str, refusals: Refusals) -> dict[str, str]:
-    if not os.path.isfile(path):
-        return {}
-    return {key: value for key, value, _ in _table(path, refusals, allow_empty_value=True)}
+def _with_metadata(cuts: CutColumns, directory: str, refusals: Refusals) -> CutColumns:
+    """The cuts with the values ``utt2spk`` and ``text`` give their ids, as metadata.
+
+    A sort-merge join in bounded memory (no dict of utterances): the cuts sorted by id,
+    each file's lines sorted by key, read side by side.  The cuts come back in id order
+    (duplicate ids in the order they were read, so the check refuses the same ones).
+    """
+    present = [
+        (os.path.join(directory, name), key)
+        for name, key in _METADATA_FILES
+        if os.path.isfile(os.path.join(directory, name))
+    ]
+    if not present:
+        return cuts
+    memory_bytes = refusals.sort_memory_bytes // (len(present) + 1)
+    with contextlib.ExitStack() as stack:
+        lookups = []
+        for path, key in present:
+            lookup = stack.enter_context(SortedLookup(None, memory_bytes))
+            _fill(lookup, path, refusals)
+            lookups.append((key, lookup))
+        ordered = stack.enter_context(
+            ExternalSort(CUT_COLUMNS_SCHEMA, "cut_id", None, memory_bytes)
+        )
+        for batch in cuts.table().to_batches(max_chunksize=_LOOKUP_ROWS):
+            ordered.add(batch)
+        del cuts  # its rows are in the sort: the map of the first copy can go
+        joined = CutColumns()
+        metadata_column = CUT_COLUMNS_SCHEMA.get_field_index("metadata")
+        for batch in ordered.sorted_batches():
+            ids = batch.column("cut_id")
+            found = [(key, lookup.values_of(ids).to_pylist()) for key, lookup in lookups]
+            metadata = [
+                metadata_text(
+                    {key: values[row] for key, values in found if values[row] is not None}
+                )
+                for row in range(batch.num_rows)
+            ]
+            joined.append_batch(
+                batch.set_column(
+                    metadata_column,
+                    CUT_COLUMNS_SCHEMA.field(metadata_column),
+                    pa.array(metadata, pa.string()),
+                )
+            )
+    return joined
 
 
-def _table(
+def _fill(lookup: SortedLookup, path: str, refusals: Refusals) -> None:
+    keys: list[str] = []
+    values: list[str] = []
+    for key, value, _ in _entries(path, refusals, allow_empty_value=True):
+        keys.append(key)
+        values.append(value)
+        if len(keys) >= _LOOKUP_ROWS:
+            lookup.add(keys, values)
+            keys, values = [], []
+    if keys:
+        lookup.add(keys, values)
+
+
+def _entries(
     path: str, refusals: Refusals, allow_empty_value: bool = False
-) -> list[tuple[str, str, str]]:
+) -> Iterator[tuple[str, str, str]]:
     """``(key, rest of the line, where)`` per non-empty line; a line without a value is refused."""
-    rows = []
     for raw_line, where in bounded_lines(path, refusals):
         try:
             line = raw_line.decode("utf-8")
@@ -123,8 +173,7 @@ def _table(
         if not value and not allow_empty_value:
             refusals.refuse(SourceError(f"line for {key!r} has no value", where=where))
             continue
-        rows.append((key, value, where))
-    return rows
+        yield key, value, where
 
 
 def _is_number(text: str) -> bool:

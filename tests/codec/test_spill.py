@@ -19,9 +19,12 @@ import pytest
 from cutfs.codec.catalogue.shard_format import CUTS_FILE, CUTS_SCHEMA, write_table
 from cutfs.codec.catalogue.shard_writer import write_cut_catalogue
 from cutfs.codec.errors import SourceError
+from cutfs.codec.sources.catalogue import Refusals
+from cutfs.codec.sources.kaldi_dir import read_kaldi_dir
 from cutfs.codec.spill.catalogue_writer import CatalogueWriter
 from cutfs.codec.spill.column_spill import ColumnSpill
 from cutfs.codec.spill.external_sort import MAX_FAN_IN, ExternalSort
+from cutfs.codec.spill.sorted_lookup import SortedLookup
 
 CUTFS = [sys.executable, "-m", "cutfs.vfs.cli"]
 CATALOGUE_FILES = (
@@ -89,6 +92,60 @@ def test_an_external_sort_in_many_runs_is_stable_and_complete(tmp_path: Path) ->
     expected = sorted(range(len(keys)), key=lambda row: (keys[row].encode(), row))
     assert result.column("row").to_pylist() == expected
     assert not [name for name in os.listdir(tmp_path) if name.startswith("run-")]
+
+
+def test_a_sorted_lookup_in_many_runs_answers_as_a_dict_would(tmp_path: Path) -> None:
+    rng = random.Random(11)
+    rows = [(f"u{rng.randrange(5000):05d}", f"v{n}") for n in range(30_000)]
+    reference = dict(rows)  # the last row of a key wins
+    asked = sorted({f"u{rng.randrange(6000):05d}" for _ in range(4000)})
+    with SortedLookup(str(tmp_path), 1) as lookup:
+        for start in range(0, len(rows), 700):
+            part = rows[start : start + 700]
+            lookup.add([key for key, _ in part], [value for _, value in part])
+        found: list[str | None] = []
+        for start in range(0, len(asked), 97):
+            found += lookup.values_of(pa.array(asked[start : start + 97])).to_pylist()
+        assert [name for name in os.listdir(tmp_path) if name.startswith("run-")]  # spilled
+        with pytest.raises(ValueError, match="out of order"):
+            lookup.values_of(pa.array(["u00000"]))
+    assert found == [reference.get(key) for key in asked]
+    assert any(value is None for value in found) and any(found)
+
+
+def test_a_kaldi_directory_joins_its_metadata_in_a_tiny_memory_budget(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    utterances = [f"spk{n % 37}-utt{n:06d}" for n in range(20_000)]
+    rng.shuffle(utterances)
+    (tmp_path / "wav.scp").write_text("".join(f"r{n} /audio/r{n}.flac\n" for n in range(3)))
+    (tmp_path / "segments").write_text(
+        "".join(f"{u} r{n % 3} {n % 50}.5 {n % 50 + 2}\n" for n, u in enumerate(utterances))
+    )
+    speakers = {u: u.split("-")[0] for u in utterances if rng.random() < 0.9}
+    (tmp_path / "utt2spk").write_text("".join(f"{u} {s}\n" for u, s in speakers.items()))
+    text_lines = [(u, f"words of {u}") for u in utterances if rng.random() < 0.7]
+    text_lines += [(u, "said again") for u, _ in text_lines[:500]]  # later lines win
+    text_lines.append(("not-a-segment", "ignored"))
+    (tmp_path / "text").write_text("".join(f"{u} {t}\n" for u, t in text_lines))
+    texts = dict(text_lines)
+
+    catalogue = read_kaldi_dir(str(tmp_path), Refusals(sort_memory_bytes=64 << 10))
+    cuts = catalogue.cuts.table()
+    assert cuts.num_rows == len(utterances)
+    ids = cuts.column("cut_id").to_pylist()
+    metadata = dict(zip(ids, map(json.loads, cuts.column("metadata").to_pylist()), strict=True))
+    for utterance in utterances:
+        expected = {}
+        if utterance in speakers:
+            expected["speaker"] = speakers[utterance]
+        if utterance in texts:
+            expected["text"] = texts[utterance]
+        assert metadata[utterance] == expected, utterance
+    segment_of = {u: n for n, u in enumerate(utterances)}
+    for cut_id, start in zip(
+        cuts.column("cut_id").to_pylist(), cuts.column("start_seconds").to_pylist(), strict=True
+    ):
+        assert start == segment_of[cut_id] % 50 + 0.5
 
 
 @pytest.mark.parametrize(
