@@ -42,6 +42,13 @@ DEFAULT_WORKERS: Final = min(os.cpu_count() or 1, 4)
 _SIZE_UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
+def _cells(text: str) -> int:
+    cells = int(text)
+    if not 0 <= cells <= 64:
+        raise ValueError(f"{cells} cells: 0 to 64")
+    return cells
+
+
 def parse_size(text: str) -> int:
     """``512M``, ``4G``, ``1.5T``, ``100`` (bytes): a number of bytes; ValueError else."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
@@ -241,6 +248,15 @@ class MountOptions:
         metavar="N",
         default_text="cores, at most 4",
     )
+    read_ahead_cells: int = option(
+        4,
+        "--read-ahead-cells",
+        "with --decode-in-turn, how many 4 MiB cells of a long file read in order (a whole "
+        "recording) the idle serving processes decode ahead of its reader, in parallel; 0 "
+        "turns this off",
+        parse=_cells,
+        metavar="N",
+    )
     read_timeout_seconds: float = option(
         DEFAULT_READ_TIMEOUT_SECONDS,
         "--read-timeout",
@@ -408,6 +424,13 @@ class MountOptions:
         if self.decode_in_turn:
             return min(len(os.sched_getaffinity(0)), DEFAULT_PROCESSES_IN_TURN)
         return 1
+
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether the serving processes decode cells ahead of readers going through long
+        files (see :mod:`cutfs.vfs.fuse.read_ahead`): when they decode in turn (each takes
+        jobs between requests) and pages are pushed (not with ``--direct-io``)."""
+        return self.decode_in_turn and self.read_ahead_cells > 0 and not self.direct_io
 
     @property
     def ownership(self) -> Ownership:

@@ -35,6 +35,10 @@ from typing import Final
 #: a request gets, and a decode.
 DEFAULT_READ_TIMEOUT_SECONDS: Final = 30.0
 
+#: The "request" a process answers while it reads a cell ahead (see
+#: :mod:`cutfs.vfs.fuse.read_ahead`): no request of the kernel's, so none to fail when
+#: the process is killed past its deadline (the kernel numbers requests from 1 up).
+READ_AHEAD_UNIQUE: Final = 1 << 63
 _LAYOUT: Final = struct.Struct("<QQdqd")
 _REQUEST: Final = struct.Struct("<QQd")
 _UNIQUE: Final = struct.Struct("<Q")

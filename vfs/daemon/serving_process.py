@@ -78,6 +78,7 @@ from cutfs.vfs.daemon.serving_stack import ProcessShare, ServingStack
 from cutfs.vfs.frames.frame_source import FrameSource
 from cutfs.vfs.frames.zygote import Zygote
 from cutfs.vfs.fuse.device_channel import DeviceChannel
+from cutfs.vfs.fuse.read_ahead import ReadAhead
 from cutfs.vfs.sandbox.path_confinement import PathConfinement
 from cutfs.vfs.sandbox.serving_user import drop_privileges
 from cutfs.vfs.sandbox.syscall_filter import SyscallFilter
@@ -105,6 +106,10 @@ def serving_main(connection: Connection, index: int, log_writer: socket.socket) 
         logging.getLogger().setLevel(setup.log_level)
         slot = RequestSlot.open(reduction.recv_handle(connection))
         spans = SharedSpanTable(shared_spans_path(setup.shared_dir), SPAN_INODE_BASE)
+        read_ahead = None
+        if setup.options.reads_ahead:
+            descriptors = [reduction.recv_handle(connection) for _ in range(3)]
+            read_ahead = ReadAhead.adopt(descriptors, setup.options.read_ahead_cells)
         # Spills go to the mount's own scratch directory, never a folder others can write.
         tempfile.tempdir = shared_scratch_path(setup.shared_dir)
         syscalls = _syscall_filter(setup)
@@ -115,7 +120,7 @@ def serving_main(connection: Connection, index: int, log_writer: socket.socket) 
         if paths is not None and paths.install() and index == 1:
             log.info("the serving processes and decoders may open only: %s", paths.describe())
         syscalls.install()
-        _serve_clone(connection, setup, index, slot, spans, zygote)
+        _serve_clone(connection, setup, index, slot, spans, read_ahead, zygote)
     except EOFError:
         raise SystemExit(1) from None  # the supervisor stopped before it gave the mount
     except CutfsError as exc:
@@ -213,11 +218,14 @@ def _serve_clone(
     index: int,
     slot: RequestSlot,
     spans: SharedSpanTable,
+    read_ahead: ReadAhead | None,
     zygote: Zygote | None,
 ) -> None:
     options = setup.options
     with ExitStack() as stack:
         stack.callback(spans.close)
+        if read_ahead is not None:
+            stack.callback(read_ahead.close)
         if zygote is not None:
             stack.callback(zygote.close)
         library = open_source(
@@ -268,7 +276,7 @@ def _serve_clone(
             ).encode()
         )
         device = reduction.recv_handle(connection)
-        channel = DeviceChannel(device, serving.operations, setup.mountpoint)
+        channel = DeviceChannel(device, serving.operations, setup.mountpoint, read_ahead)
         connection.send_bytes(READY)
         _import_in_background("av")  # decoding's, left out of the start (see decoder.py)
         reporter = _indexing_reporter(serving.frames, library) if index == 1 else None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import socket
+from collections.abc import Sequence
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -62,14 +63,17 @@ class SpawnedProcess:
         finally:
             child_end.close()
 
-    def configure(self, setup: ServingSetup, slot: RequestSlot) -> None:
-        """Tell the process what to serve and give it its request slot.  One that died
-        before it took them (killed at start) is no error here: it is seen to have ended,
-        as any other death.  Raises :class:`OSError` if the process is alive and yet
-        cannot be reached."""
+    def configure(self, setup: ServingSetup, slot: RequestSlot, shared: Sequence[int] = ()) -> None:
+        """Tell the process what to serve and give it its request slot, then the
+        descriptors of what the serving processes share (the read-ahead board's, when
+        ``setup`` reads ahead).  One that died before it took them (killed at start) is no
+        error here: it is seen to have ended, as any other death.  Raises
+        :class:`OSError` if the process is alive and yet cannot be reached."""
         try:
             self.connection.send(setup)
             reduction.send_handle(self.connection, slot.descriptor, self.process.pid)
+            for descriptor in shared:
+                reduction.send_handle(self.connection, descriptor, self.process.pid)
         except OSError:
             self.process.join(1)
             if self.process.exitcode is None:

@@ -30,6 +30,7 @@ import os
 import select
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
@@ -40,7 +41,7 @@ import trio
 
 from cutfs.vfs.daemon.exit_status import how_it_ended
 from cutfs.vfs.daemon.log_channel import LogChannel
-from cutfs.vfs.daemon.request_slot import RequestSlot
+from cutfs.vfs.daemon.request_slot import READ_AHEAD_UNIQUE, RequestSlot
 from cutfs.vfs.daemon.serving_setup import (
     MOST_MESSAGE_BYTES,
     READY,
@@ -53,6 +54,7 @@ from cutfs.vfs.daemon.serving_setup import (
 )
 from cutfs.vfs.daemon.spawned_process import SpawnedProcess
 from cutfs.vfs.fuse.device_channel import clone_device, write_reply
+from cutfs.vfs.fuse.read_ahead import ReadAhead
 from cutfs.vfs.sandbox.serving_user import kill_command_group
 from cutfs.vfs.stats.statistics import Statistics
 from cutfs.vfs.stats.statistics_board import StatisticsBoard
@@ -124,16 +126,22 @@ class _Server:
         self._exited: list[BaseProcess] = []
 
     def start(
-        self, setup: ServingSetup, log_writer: socket.socket, spawned: SpawnedProcess | None = None
+        self,
+        setup: ServingSetup,
+        log_writer: socket.socket,
+        spawned: SpawnedProcess | None = None,
+        shared: Sequence[int] = (),
     ) -> None:
         """Start the process (or take ``spawned``, started earlier) and tell it what to
-        serve; it opens the source and waits for :meth:`hand_device`."""
+        serve, with the descriptors ``shared`` by the serving processes (see
+        :meth:`SpawnedProcess.configure`); it opens the source and waits for
+        :meth:`hand_device`."""
         self._reap()
         if spawned is None:
             spawned = SpawnedProcess(self.index, log_writer)
         slot = RequestSlot.create()
         try:
-            spawned.configure(setup, slot)
+            spawned.configure(setup, slot, shared)
         except BaseException:
             slot.close()
             spawned.close()
@@ -212,7 +220,7 @@ class _Server:
         if self._slot is not None:
             kill_command_group(setup.user, self._slot.command_group())
         if self._device is not None:
-            if current is not None:
+            if current is not None and current[0] != READ_AHEAD_UNIQUE:
                 write_reply(self._device, current[0], -errno.EIO, [])
             os.close(self._device)
             self._device = None
@@ -284,13 +292,19 @@ class Supervisor:
             shared_supervisor_path(setup.shared_dir),
         )
         self._log_channel = log_channel
+        #: The serving processes' read-ahead board, made here and handed to each of them
+        #: (the supervisor never reads it).
+        self._read_ahead = (
+            ReadAhead.create(setup.options.read_ahead_cells) if setup.options.reads_ahead else None
+        )
+        self._shared = [] if self._read_ahead is None else self._read_ahead.descriptors
 
     def open_source(self) -> OpenedReport:
         """Start the first serving process and wait for it to open the source (no time
         limit: indexing a large source takes minutes).  Raises
         :class:`ServingFailedError`."""
         spawned, self._first = self._first, None
-        self._servers[0].start(self._setup, self._log_channel.writer, spawned)
+        self._servers[0].start(self._setup, self._log_channel.writer, spawned, self._shared)
         report = self._servers[0].wait_report()
         self._setup = replace(self._setup, identity=report.identity)
         return report
@@ -305,7 +319,7 @@ class Supervisor:
             log.info("serving process 1 serves; %d more start", len(self._servers) - 1)
         for server in self._servers[1:]:
             try:
-                server.start(self._setup, self._log_channel.writer)
+                server.start(self._setup, self._log_channel.writer, shared=self._shared)
             except OSError as exc:  # the mount serves already: it goes on with fewer
                 log.error("serving process %d could not be started: %s", server.index, exc)
                 continue
@@ -401,7 +415,7 @@ class Supervisor:
                 )
                 continue
             self.restarts += 1
-            server.start(self._setup, self._log_channel.writer)
+            server.start(self._setup, self._log_channel.writer, shared=self._shared)
             server.hand_device(self._mount_fd)
 
     def _killed_overdue(self, server: _Server, process: BaseProcess) -> bool:
@@ -412,14 +426,19 @@ class Supervisor:
             return self._killed_silent(server, process)
         log.error(
             "serving process %d (pid %s) answered a request about inode %d for longer than "
-            "its deadline (storage not answering?): killing it; the request fails with EIO",
+            "its deadline (storage not answering?): killing it; %s",
             server.index,
             process.pid,
             overdue[1],
+            "it was reading ahead: no request fails"
+            if overdue[0] == READ_AHEAD_UNIQUE
+            else "the request fails with EIO",
         )
         process.kill()  # it runs no more code: its request can be answered now
         failed = server.fail_current(self._setup)
-        if failed is not None and failed[0] == overdue[0]:
+        if failed is not None and failed[0] == overdue[0] == READ_AHEAD_UNIQUE:
+            self.statistics.error("read_ahead_deadline")
+        elif failed is not None and failed[0] == overdue[0]:
             self.statistics.error("deadline")
         elif failed is not None:  # it had just gone on to another, which fails with it
             self.statistics.error("worker_died")
@@ -456,6 +475,9 @@ class Supervisor:
             server.stop(self._setup)
         if self._first is not None:  # never started: the mount failed before
             self._first.close()
+        if self._read_ahead is not None:
+            self._read_ahead.close()
+            self._read_ahead = None
 
 
 def _silence_limit(read_timeout_seconds: float) -> float:

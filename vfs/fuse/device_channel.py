@@ -34,10 +34,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
 import select
 import struct
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -47,8 +49,13 @@ import trio
 
 from cutfs.vfs.daemon import kernel_tuning
 from cutfs.vfs.daemon.doorbell import Doorbell
-from cutfs.vfs.daemon.request_slot import RequestSlot
+from cutfs.vfs.daemon.request_slot import (
+    DEFAULT_READ_TIMEOUT_SECONDS,
+    READ_AHEAD_UNIQUE,
+    RequestSlot,
+)
 from cutfs.vfs.fuse.page_pusher import MOST_PUSH_BYTES, PagePusher
+from cutfs.vfs.fuse.read_ahead import PAGE_BYTES, Claim, Job, ReadAhead
 
 if TYPE_CHECKING:  # the supervisor uses this module's device functions without them
     from cutfs.vfs.fuse.operations import Operations
@@ -101,6 +108,8 @@ _UNSUPPORTED: Final = {
 #: How long a process serving in turn waits for a request before it lets its event loop
 #: run its other tasks (publishing statistics, releasing catalogue pages).
 _TURN_SECONDS: Final = 1.0
+#: How often a read waiting for another process to fill a read-ahead cell looks again.
+_CELL_POLL_SECONDS: Final = 0.001
 #: The longest a read's reply waits for the push of the file's rest, when decoding in turn.
 _PUSH_WAIT_SECONDS: Final = 0.05
 
@@ -276,12 +285,20 @@ class DeviceChannel:
     """
 
     def __init__(
-        self, device_fd: int, operations: Operations, mountpoint: str | None = None
+        self,
+        device_fd: int,
+        operations: Operations,
+        mountpoint: str | None = None,
+        read_ahead: ReadAhead | None = None,
     ) -> None:
         """``mountpoint``: where the mount is, to abort its connection if its page pusher
         is stuck when the channel stops (see :meth:`PagePusher.close`); without it the
-        channel pushes no pages."""
+        channel pushes no pages.  ``read_ahead``: the mount's read-ahead board, whose jobs
+        :meth:`serve_in_turn` takes between requests (see :mod:`cutfs.vfs.fuse.read_ahead`)."""
         self._fd = device_fd
+        self._read_ahead = read_ahead
+        #: How long a read may take (the daemon's deadline when decoding in turn).
+        self._deadline_seconds = DEFAULT_READ_TIMEOUT_SECONDS
         self._operations = operations
         self._mountpoint = mountpoint
         self._buffer = bytearray(_READ_BUFFER_BYTES)
@@ -360,10 +377,13 @@ class DeviceChannel:
         that it should be answered within ``deadline_seconds``.  ``doorbell`` is
         answered between requests, and wakes the process when it waits.
         """
+        self._deadline_seconds = deadline_seconds
         waiting = select.epoll()
         waiting.register(self._fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
         if doorbell is not None:
             waiting.register(doorbell.fileno(), select.EPOLLIN)
+        if self._read_ahead is not None:  # a job wakes one idle process
+            waiting.register(self._read_ahead.fileno(), select.EPOLLIN | select.EPOLLEXCLUSIVE)
         next_turn = trio.current_time() + _TURN_SECONDS
         # The reply to a read waits (briefly) for the push of the file's rest: otherwise
         # the reader's next read, made as soon as it has the reply, most often comes
@@ -379,7 +399,16 @@ class DeviceChannel:
                     request = self._request_now()
                 except EOFError:
                     return
-                if request is None:
+                job = None
+                if request is None and self._read_ahead is not None:
+                    job = self._read_ahead.take()
+                if job is not None:  # no request waits: decode a cell ahead of a reader
+                    slot.begin(READ_AHEAD_UNIQUE, job.inode, deadline_seconds)
+                    try:
+                        await self._read_cell_ahead(job)
+                    finally:
+                        slot.end()
+                elif request is None:
                     woken_by = {fd for fd, _ in waiting.poll(_TURN_SECONDS)}
                     if woken_by == {self._fd} and trio.current_time() < next_turn:
                         # Only a request woke the process: it is read before anything
@@ -485,20 +514,143 @@ class DeviceChannel:
 
     async def _read(self, request: _Request) -> ReadBuffers:
         _, offset, size, _ = _READ_IN.unpack_from(request.body)
-        # By inode, not by file handle: a file the kernel opened without asking
-        # (Operations.open answered ENOSYS) has handle 0, and the handles of opens that
-        # were answered are inodes.
-        buffers = await self._operations.read(request.nodeid, offset, size)
-        if self._pusher is not None and sum(len(buffer) for buffer in buffers) == size:
+        inode = request.nodeid
+        # Cells are decoded ahead of a reader of a long file (see read_ahead.py): a read
+        # in a cell may be answered from the board, a read of a tripwire needs no decode
+        # past it, and pushes stop before the next tripwire.
+        size_bytes = None
+        if self._read_ahead is not None and self._pusher is not None:
+            size_bytes = self._operations.read_ahead_size(inode)
+        buffers = None
+        if size_bytes is not None:
+            buffers = await self._from_cell(inode, offset, size, size_bytes)
+        # A cell's pages are pushed by the process that filled it.
+        from_cell = buffers is not None
+        if buffers is None:
+            # Where cells may be read ahead, a read decodes nothing past its cell (a
+            # tripwire: nothing past itself), which a job may decode in parallel.
+            decode_until = None
+            if size_bytes is not None:
+                decode_until = offset + size
+                if not ReadAhead.is_tripwire(offset, size_bytes):
+                    decode_until = max(decode_until, ReadAhead.push_end(offset, size_bytes))
+            # By inode, not by file handle: a file the kernel opened without asking
+            # (Operations.open answered ENOSYS) has handle 0, and the handles of opens
+            # that were answered are inodes.
+            buffers = await self._operations.read(inode, offset, size, decode_until=decode_until)
+        if self._read_ahead is not None and size_bytes is not None:
+            self._read_ahead.on_read(inode, offset, size, size_bytes)
+            self._count_read_ahead()
+        complete = sum(len(buffer) for buffer in buffers) == size
+        if self._pusher is not None and complete and not from_cell:
             # Queued before the reply goes out: the reader's next read of the file
             # then most likely finds its pages stored already.
             after = offset + size
-            rest = self._operations.continuation(request.nodeid, after, MOST_PUSH_BYTES)
+            most_bytes = MOST_PUSH_BYTES
+            if size_bytes is not None:
+                most_bytes = min(most_bytes, ReadAhead.push_end(after, size_bytes) - after)
+            rest = None
+            if most_bytes > 0:
+                rest = self._operations.continuation(inode, after, most_bytes)
             if rest is not None:
-                pushed = self._pusher.push(request.nodeid, after, rest)
+                pushed = self._pusher.push(inode, after, rest)
                 if pushed is not None and self._push_wait_seconds > 0:
                     pushed.wait(self._push_wait_seconds)
         return buffers
+
+    async def _from_cell(
+        self, inode: int, offset: int, size: int, size_bytes: int
+    ) -> ReadBuffers | None:
+        """The bytes of a read from the read-ahead board: a cell's slot holds them, or
+        will once the process filling it is done (waited for, within the read's
+        deadline), or the cell was posted and nobody took it yet (then decoded whole here,
+        as its job would); None where the read must decode as usual."""
+        assert self._read_ahead is not None
+        cell = ReadAhead.cell_of(offset, size, size_bytes)
+        if cell is None:
+            return None
+        start, end = ReadAhead.cell_span(cell, size_bytes)
+        give_up = trio.current_time() + self._deadline_seconds / 2
+        statistics = self._operations.statistics
+        while True:
+            held = self._read_ahead.cell_read(inode, cell, offset - start, size)
+            if isinstance(held, bytes):
+                statistics.count("read_ahead.cell_reads")
+                return [held]
+            if held is None:
+                claim = None
+                if self._read_ahead.is_posted(inode, cell):
+                    claim = self._read_ahead.claim(inode, cell)
+                if claim is None and self._read_ahead.cell_read(inode, cell, 0, 0) is None:
+                    return None  # not read ahead (or no slot free): decoded as usual
+                if claim is not None:
+                    data = await self._fill_cell(claim, start, end, (offset, offset + size))
+                    if data is None:
+                        return None
+                    statistics.count("read_ahead.cells_decoded_for_reads")
+                    return [data[offset - start : offset - start + size]]
+            if trio.current_time() > give_up:
+                statistics.count("read_ahead.cell_waits_given_up")
+                return None
+            # Another process fills the cell: meanwhile this one decodes a cell after it,
+            # if one is posted (else the two would take turns, not decode side by side).
+            job = self._read_ahead.take()
+            if job is not None:
+                await self._read_cell_ahead(job)
+            else:
+                await trio.sleep(_CELL_POLL_SECONDS)
+
+    async def _read_cell_ahead(self, job: Job) -> None:
+        """Decode a cell of a file read in order into the board and the page cache."""
+        assert self._read_ahead is not None
+        self._count_read_ahead()
+        size_bytes = self._operations.read_ahead_size(job.inode)
+        if size_bytes is None or self._pusher is None:
+            return  # forgotten, or not a file read ahead
+        start, end = ReadAhead.cell_span(job.cell, size_bytes)
+        if end <= start:
+            return
+        claim = self._read_ahead.claim(job.inode, job.cell)
+        if claim is not None:  # else held or being filled already
+            await self._fill_cell(claim, start, end)
+
+    async def _fill_cell(
+        self, claim: Claim, start: int, end: int, answering: tuple[int, int] | None = None
+    ) -> bytes | None:
+        """Decode the bytes ``[start, end)`` of a claimed cell, fill its slot and push
+        them into the page cache, but for the bytes ``answering`` (those of the read this
+        process answers with them: their pages wait for its reply).  The bytes, or None
+        if they could not be decoded (the slot is given back)."""
+        assert self._read_ahead is not None and self._pusher is not None
+        started = time.perf_counter()
+        buffers = await self._operations.read_ahead(claim.inode, start, end - start)
+        log.debug(
+            "cell %d of inode %d decoded in %.1f ms",
+            claim.cell,
+            claim.inode,
+            (time.perf_counter() - started) * 1000,
+        )
+        data = b"".join(buffers) if buffers is not None else b""
+        if len(data) != end - start:
+            self._read_ahead.abandon(claim)
+            return None
+        self._read_ahead.fill(claim, data)
+        first, last = answering if answering is not None else (end, end)
+        # Pages from the end of the answered read on first: the reader goes on there.
+        after = min(end, -(-last // PAGE_BYTES) * PAGE_BYTES)
+        for piece_start, piece_end in ((after, end), (start, first - first % PAGE_BYTES)):
+            if piece_end > piece_start:
+                piece = memoryview(data)[piece_start - start : piece_end - start]
+                self._pusher.push(claim.inode, piece_start, functools.partial(_as_is, [piece]))
+        return data
+
+    def _count_read_ahead(self) -> None:
+        """Move the board's counts into the statistics (``read_ahead.jobs_*``)."""
+        assert self._read_ahead is not None
+        for name, count in self._read_ahead.counts.items():
+            if count:
+                self._operations.statistics.count(f"read_ahead.jobs_{name}", count)
+                self._read_ahead.counts[name] = 0
 
     async def _release(self, request: _Request) -> bytes:
         (fh,) = _RELEASE_IN.unpack_from(request.body)
@@ -562,6 +714,10 @@ class DeviceChannel:
             stats.f_frsize,
             0,
         )
+
+
+def _as_is(buffers: ReadBuffers) -> ReadBuffers:
+    return buffers
 
 
 def _sized(value: bytes, size: int) -> bytes:

@@ -247,17 +247,47 @@ class Operations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=inode, keep_cache=False, direct_io=True)
 
     @_errno_boundary
-    async def read(self, inode: int, off: int, size: int) -> ReadBuffers:  # type: ignore[override]
+    async def read(  # type: ignore[override]
+        self, inode: int, off: int, size: int, *, decode_until: int | None = None
+    ) -> ReadBuffers:
         """Bytes of the file ``inode`` (its file handle, when opens are answered), as
-        buffers to be written out in order (see :meth:`Filesystem.read_buffers`): the
-        :class:`~cutfs.vfs.fuse.device_channel.DeviceChannel` answers reads, not pyfuse3."""
+        buffers to be written out in order (see :meth:`Filesystem.read_buffers`, and
+        ``decode_until`` there): the :class:`~cutfs.vfs.fuse.device_channel.DeviceChannel`
+        answers reads, not pyfuse3."""
         if inode & _SNAPSHOT_INODES:
             return [(await self._snapshot(inode))[off : off + size]]
         started = time.perf_counter()
-        buffers = await self._fs.read_buffers(inode, off, size)
+        buffers = await self._fs.read_buffers(inode, off, size, decode_until=decode_until)
         self._statistics.observe("read", time.perf_counter() - started)
         self._statistics.count("reads")
         self._statistics.count("read_bytes", sum(len(buffer) for buffer in buffers))
+        return buffers
+
+    def read_ahead_size(self, inode: int) -> int | None:
+        """The size of a file whose cells may be read ahead (a WAV file whose recording is
+        indexed, served through the page cache); None for any other."""
+        if self._direct_io or inode & _SNAPSHOT_INODES:
+            return None
+        try:
+            return self._fs.wav_size(inode)
+        except Exception:
+            self._statistics.error("internal")
+            log.exception("cannot tell the size of inode %d", inode)
+            return None
+
+    async def read_ahead(self, inode: int, offset: int, size: int) -> ReadBuffers | None:
+        """The bytes ``[offset, offset + size)`` of a file for the page cache, decoded
+        exactly (see :mod:`cutfs.vfs.fuse.read_ahead`); None when they cannot be had (the
+        failure is logged, and the reader's own read will report it)."""
+        started = time.perf_counter()
+        try:
+            buffers = await self._fs.read_buffers(inode, offset, size, decode_until=offset + size)
+        except Exception as exc:
+            self._statistics.count("read_ahead.failed")
+            log.warning("cannot read ahead inode %d at byte %d: %s", inode, offset, exc)
+            return None
+        self._statistics.observe("read_ahead", time.perf_counter() - started)
+        self._statistics.count("read_ahead.bytes", sum(len(buffer) for buffer in buffers))
         return buffers
 
     def continuation(

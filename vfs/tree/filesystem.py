@@ -374,15 +374,29 @@ class Filesystem:
         """
         return b"".join(await self.read_buffers(inode, offset, size))
 
-    async def read_buffers(self, inode: int, offset: int, size: int) -> ReadBuffers:
+    async def read_buffers(
+        self, inode: int, offset: int, size: int, *, decode_until: int | None = None
+    ) -> ReadBuffers:
         """The bytes of :meth:`read`, as buffers to be written out in order: the reply to
         the kernel gathers them in one ``writev``, so the samples go from the block cache
         to the kernel without being joined into a bytes object first (a copy of 320 KB
-        per 10 s cut, into memory the process must fault in)."""
+        per 10 s cut, into memory the process must fault in).  ``decode_until``: decode
+        nothing for the bytes from this one on (where cells are decoded ahead of the
+        reader, see :mod:`cutfs.vfs.fuse.read_ahead`)."""
         with self._request():
-            return await self._read(inode, offset, size)
+            return await self._read(inode, offset, size, decode_until)
 
-    async def _read(self, inode: int, offset: int, size: int) -> ReadBuffers:
+    def wav_size(self, inode: int) -> int | None:
+        """The size of a WAV file whose recording is indexed, in bytes; None for any other
+        node (never indexes or waits)."""
+        if self._kind(inode) is not NodeKind.WAV:
+            return None
+        source = self._known_wav_source(inode)
+        return None if source is None else source.layout.size_bytes
+
+    async def _read(
+        self, inode: int, offset: int, size: int, decode_until: int | None = None
+    ) -> ReadBuffers:
         if offset < 0 or size < 0:
             raise FsError(errno.EINVAL)
         kind = self._kind(inode)
@@ -396,7 +410,8 @@ class Filesystem:
             raise FsError(errno.EISDIR if kind is NodeKind.DIRECTORY else errno.ENOENT)
         in_order = self._read_ends.get(inode) == offset
         self._read_ends[inode] = offset + size
-        return await self._read_wav(await self.wav_source(inode), offset, size, in_order)
+        source = await self.wav_source(inode)
+        return await self._read_wav(source, offset, size, in_order, decode_until)
 
     async def wav_source(self, inode: int) -> WavSource:
         """What a WAV file serves, indexing its recording first if the library must."""
@@ -435,14 +450,22 @@ class Filesystem:
         return None if source is None else source.layout
 
     async def _read_wav(
-        self, source: WavSource, offset: int, size: int, in_order: bool = False
+        self,
+        source: WavSource,
+        offset: int,
+        size: int,
+        in_order: bool = False,
+        decode_until: int | None = None,
     ) -> ReadBuffers:
         """The bytes of the file, the samples not copied on their way from the cache to the
         reply where they need no conversion (a view of the cached block)."""
         first, last = source.layout.frames_for_bytes(offset, size)
         if last <= first:
             return self._wav_buffers(source, offset, size, first, None)
-        frames = await self._samples(source, first, last, in_order)
+        until_frame = None
+        if decode_until is not None:
+            until_frame = source.layout.frames_for_bytes(0, max(decode_until, offset + size))[1]
+        frames = await self._samples(source, first, last, in_order, until_frame)
         return self._wav_buffers(source, offset, size, first, frames)
 
     def _wav_buffers(
@@ -500,10 +523,16 @@ class Filesystem:
         return make
 
     async def _samples(
-        self, source: WavSource, first: int, last: int, in_order: bool = False
+        self,
+        source: WavSource,
+        first: int,
+        last: int,
+        in_order: bool = False,
+        until_frame: int | None = None,
     ) -> np.ndarray:
         """The file's frames ``[first, last)`` before encoding (16-bit scale); ``in_order``:
-        the read continues the file's previous one (see :meth:`FrameSource.frames`).
+        the read continues the file's previous one (see :meth:`FrameSource.frames`);
+        ``until_frame``: nothing decoded from this frame of the file on.
 
         Cached frames are served without waiting; anything that may wait
         (decoding, indexing, resampling) runs under the request's deadline.
@@ -519,7 +548,11 @@ class Filesystem:
                         start + first,
                         start + last,
                         readahead_end=start
-                        + min(source.layout.num_frames, last + _READAHEAD_FRAMES),
+                        + min(
+                            source.layout.num_frames,
+                            last + _READAHEAD_FRAMES,
+                            until_frame if until_frame is not None else last + _READAHEAD_FRAMES,
+                        ),
                         in_order=in_order,
                     )
             return frames[:, list(source.channels)] if source.channels else frames
