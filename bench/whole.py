@@ -2,7 +2,7 @@
 """Whole recordings read cold: through the mount, against decoding the original.
 
     sudo .venv/bin/python bench/whole.py --rounds 3
-    sudo .venv/bin/python bench/whole.py --rounds 3 base=--read-ahead-decodes=0 ahead=
+    sudo .venv/bin/python bench/whole.py --rounds 3 "base=--read-ahead-cells 0" ahead=
 
 A diarization pipeline loads a whole recording first (pyannote.audio's ``Audio()(path)``
 inside its ``Inference``). For each 20-minute recording (FLAC, MP3, Opus; bench/run.py's
@@ -11,7 +11,9 @@ daemon for every read through the mount (an empty block cache, started 2 s befor
 read): ``open().read()`` of
 ``recordings/<id>.wav`` and pyannote's ``Audio()(path)`` through each variant of the
 mount (``name=mount options``), against ``Audio()(path)`` of the original file (pyannote
-decodes it with torchcodec) and the ffmpeg command line decoding it to /dev/null. The
+decodes it with torchcodec) and the ffmpeg command line decoding it to /dev/null; and
+through each variant, 40 random 10 s windows read with soundfile (seek and read, as a
+training loop cropping recordings does: what read-ahead must not slow down). The
 pyannote reads run in a long-lived process of the pyannote environment
 (``.venv-pyannote``, see scripts/compat.py): only the call is timed, not the imports.
 Prints the medians and each one's ratio to pyannote on the original, and writes them to
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shlex
 import statistics
 import subprocess
@@ -31,11 +34,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, TypeVar
 
+import soundfile
 from processes import unmount
 from run import CUTFS, REPOSITORY, _drop_caches, _prepare, _read_file
 
 T = TypeVar("T")
 RECORDINGS: Final = ("flac_20min", "mp3_20min", "opus_20min")
+#: Random 10 s windows read per recording and variant (the scattered reader).
+WINDOWS: Final = 40
 #: How long after mounting a read starts (a user's job starts later than that).
 SETTLE_SECONDS: Final = 2.0
 PYANNOTE_PYTHON: Final = REPOSITORY / ".venv-pyannote" / "bin" / "python"
@@ -59,7 +65,7 @@ def main() -> int:
         "variants",
         nargs="*",
         default=["cutfs="],
-        help="name=mount options, e.g. 'base=--read-ahead-decodes=0' (default: 'cutfs=')",
+        help="name=mount options, e.g. 'base=--read-ahead-cells 0' (default: 'cutfs=')",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", type=Path, default=REPOSITORY / "bench" / "out")
@@ -103,6 +109,9 @@ def main() -> int:
                     _add(times, recording, f"{name}: read()", time.perf_counter() - started)
                     _mount(setup.shards, mountpoint, options)
                     _add(times, recording, f"{name}: pyannote", pyannote(path))
+                    _mount(setup.shards, mountpoint, options)
+                    seconds = _scattered_windows(path, random.Random(number))
+                    _add(times, recording, f"{name}: {WINDOWS} windows", seconds)
                 print(f"round {number + 1} of {args.rounds} done", flush=True)
     finally:
         unmount(mountpoint)
@@ -136,6 +145,18 @@ def _mount(shards: Path, mountpoint: Path, options: list[str]) -> None:
     _drop_caches()
 
 
+def _scattered_windows(path: Path, rng: random.Random) -> float:
+    """Seconds to read WINDOWS random 10 s windows of a file with soundfile (seek, read), as
+    a training loop cropping a recording does: what the read-ahead must not slow down."""
+    started = time.perf_counter()
+    with soundfile.SoundFile(path) as sound:
+        length = sound.frames - 10 * sound.samplerate
+        for _ in range(WINDOWS):
+            sound.seek(rng.randrange(length))
+            sound.read(10 * sound.samplerate, dtype="int16")
+    return time.perf_counter() - started
+
+
 def _ffmpeg_seconds(path: Path) -> float:
     started = time.perf_counter()
     subprocess.run(
@@ -151,7 +172,9 @@ def _report(times: dict[tuple[str, str], list[float]], rounds: int, out: Path | 
     print(f"\n| recording | reader | median s ({rounds} rounds) | x pyannote on the original |")
     print("|---|---|---|---|")
     for (recording, how), median in medians.items():
-        ratio = median / medians[(recording, "original: pyannote")]
+        # Windows are compared between variants, not with a whole decode.
+        whole = not how.endswith(" windows")
+        ratio = median / medians[(recording, "original: pyannote")] if whole else None
         rows.append(
             {
                 "recording": recording,
@@ -161,7 +184,9 @@ def _report(times: dict[tuple[str, str], list[float]], rounds: int, out: Path | 
                 "seconds": times[(recording, how)],
             }
         )
-        print(f"| {recording} | {how} | {median:.2f} | {ratio:.2f} |")
+        print(
+            f"| {recording} | {how} | {median:.2f} | {'-' if ratio is None else f'{ratio:.2f}'} |"
+        )
     if out is not None:
         out.write_text(json.dumps(rows, indent=2) + "\n")
 
