@@ -88,6 +88,9 @@ def test_jobs_passed_by_their_reader_or_too_old_are_dropped(
     board.on_read(INODE, tripwire, PAGE_BYTES, SIZE_BYTES)  # posts cell 1
     board.on_read(INODE, tripwire + 2 * CELL_BYTES, PAGE_BYTES, SIZE_BYTES)  # past cell 2
     assert [job.cell for job in iter(board.take, None)] == [3]  # cell 1 was passed
+    # Only cells ahead of the reader count as posted: a read behind it decodes as usual.
+    assert board.is_posted(INODE, 3) and not board.is_posted(INODE, 1)
+    assert not board.is_posted(INODE, 2) and not board.is_posted(INODE, 4)
     board.on_read(INODE + 1, tripwire, PAGE_BYTES, SIZE_BYTES)
     monkeypatch.setattr(read_ahead, "JOB_SECONDS", -1.0)
     assert board.take() is None

@@ -214,9 +214,11 @@ class ReadAhead:
                 self._tripped(inode, cell, (size_bytes - 1) // CELL_BYTES)
 
     def is_posted(self, inode: int, cell: int) -> bool:
-        """Whether a job for ``cell`` of ``inode`` was posted (taken or not)."""
-        followed, _, _, posted = self._stream(inode)
-        return followed == inode and posted >= cell
+        """Whether ``cell`` of ``inode`` is one of the cells posted ahead of its reader's
+        last tripwire (its job taken or not); not a cell behind it, which a scattered
+        reader may ask for long after."""
+        followed, tripped, _, posted = self._stream(inode)
+        return followed == inode and tripped < cell <= posted
 
     def take(self) -> Job | None:
         """The next job worth doing, if any is queued (never waits)."""
