@@ -4,11 +4,13 @@ read in order, decoded ahead by both serving processes."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import mmap
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -139,6 +141,53 @@ def test_a_whole_recording_read_in_order_is_decoded_ahead_exactly(
     assert counters["read_ahead.jobs_taken"] >= cells // 2
     assert counters["read_ahead.bytes"] >= (cells // 2) * (4 << 20) - 4096 * cells
     assert counters["frames_decoded"] < 1.5 * len(expected)
+
+
+@needs_fuse
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
+def test_a_whole_recording_read_goes_on_when_a_serving_process_fails_midway(
+    fault: signal.Signals, long_shards: tuple[ShardSet, dict[str, str]], tmp_path: Path
+) -> None:
+    """A serving process killed, or stopped (then killed by the daemon past the 4 s
+    deadline), while cells are being decoded ahead: the reads it held fail with EIO (and
+    are read again), a read waiting for a cell it was filling gives up on it (at once for
+    a dead filler, after half the deadline for a stopped one) and decodes the bytes itself,
+    and every byte read is the full decode's."""
+    shards, paths = long_shards
+    chunk = 1 << 20
+    retries = 0
+    options = ("--serving-processes", "2", "--read-timeout", "4")
+    with mounted(shards.directory, str(tmp_path / "mnt"), *options) as mnt:
+        pids = json.loads(Path(mnt, ".cutfs", "stats").read_bytes())["serving"]["pids"]
+        descriptor = os.open(f"{mnt}/recordings/two_hours_flac.wav", os.O_RDONLY)
+        pieces: list[bytes] = []
+        signal.signal(signal.SIGALRM, _hung)
+        signal.alarm(120)  # a read that never ends fails the test instead of hanging it
+        try:
+            while True:
+                try:
+                    piece = os.pread(descriptor, chunk, len(pieces) * chunk)
+                except OSError as exc:
+                    assert exc.errno == errno.EIO and retries < 8, exc
+                    retries += 1
+                    continue
+                if not piece:
+                    break
+                pieces.append(piece)
+                if len(pieces) == 24:  # about six cells in: cells ahead are being decoded
+                    os.kill(pids[1], fault)
+        finally:
+            signal.alarm(0)
+            os.close(descriptor)
+        counters = json.loads(Path(mnt, ".cutfs", "stats").read_bytes())["counters"]
+    samples, _ = soundfile.read(io.BytesIO(b"".join(pieces)), dtype="int16")
+    expected = _ffmpeg_whole(paths["flac"])
+    assert len(samples) == len(expected) and np.array_equal(samples, expected)
+    assert counters["read_ahead.jobs_taken"] > 0
+
+
+def _hung(*_: object) -> None:
+    raise AssertionError("a read did not end within 120 s")
 
 
 @needs_fuse
