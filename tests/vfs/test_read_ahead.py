@@ -10,11 +10,13 @@ from collections.abc import Iterator
 import pytest
 
 from cutfs.vfs.fuse import read_ahead
-from cutfs.vfs.fuse.read_ahead import CELL_BYTES, PAGE_BYTES, WAITING, ReadAhead
+from cutfs.vfs.fuse.read_ahead import CELL_BYTES, PAGE_BYTES, WAITING, CellFile, ReadAhead
 
 INODE = 1 << 41
 #: A file of 9 cells and a bit (a 20-minute recording of 16 kHz mono).
 SIZE_BYTES = 38_400_044
+FILE = CellFile(INODE, SIZE_BYTES, 12345)
+OTHER = CellFile(INODE + 1, SIZE_BYTES, 678)
 
 
 @pytest.fixture
@@ -50,6 +52,8 @@ def test_pushes_and_cells_leave_exactly_the_tripwires_out() -> None:
     assert tripwires == [(cell + 1) * CELL_BYTES // PAGE_BYTES - 1 for cell in range(last_cell)]
     assert all(ReadAhead.is_tripwire(page * PAGE_BYTES, SIZE_BYTES) for page in tripwires)
     assert max(covered) == 1
+    # A push that starts on a tripwire stops there: the reader must ask for it.
+    assert ReadAhead.push_end(CELL_BYTES - PAGE_BYTES, SIZE_BYTES) == CELL_BYTES - PAGE_BYTES
     # A file of under two cells has no tripwire: pushes go to its end.
     assert ReadAhead.push_end(0, 2 * CELL_BYTES - 1) == 2 * CELL_BYTES - 1
     assert ReadAhead.cell_of(0, 4096, 2 * CELL_BYTES - 1) is None
@@ -66,6 +70,9 @@ def test_a_reader_in_order_gets_each_cell_posted_once_the_window_doubling(
     assert posted_after[:4] == [[1], [2, 3], [4, 5, 6], [7]]  # 1, 2, then 4 ahead
     assert sorted(cell for cells in posted_after for cell in cells) == list(range(1, 10))
     assert board.counts["posted"] == 9
+    # The file read again from the start (its pages evicted): read ahead again.
+    board.on_read(INODE, CELL_BYTES - PAGE_BYTES, PAGE_BYTES, SIZE_BYTES)
+    assert [cell for _, cell in _posted(board)] == [1]
 
 
 def test_reads_of_scattered_windows_post_no_more_than_one_cell_each(board: ReadAhead) -> None:
@@ -99,44 +106,46 @@ def test_jobs_passed_by_their_reader_or_too_old_are_dropped(
 
 def test_a_cell_slot_is_claimed_once_filled_once_and_read_as_filled(board: ReadAhead) -> None:
     data = os.urandom(CELL_BYTES - PAGE_BYTES)
-    claim = board.claim(INODE, 2)
+    claim = board.claim(FILE, 2)
     assert claim is not None
-    assert board.claim(INODE, 2) is None  # being filled
-    assert board.cell_read(INODE, 2, 0, 10) is WAITING
-    assert board.cell_read(INODE, 3, 0, 10) is None
+    assert board.claim(FILE, 2) is None  # being filled
+    assert board.cell_read(FILE, 2, 0, 10) is WAITING
+    assert board.cell_read(FILE, 3, 0, 10) is None
     assert board.fill(claim, data)
-    assert board.cell_read(INODE, 2, 4096, 65536) == data[4096 : 4096 + 65536]
-    assert board.cell_read(INODE, 2, len(data) - 1, 2) is None  # past what the slot holds
-    assert board.claim(INODE, 2) is None  # held
+    assert board.cell_read(FILE, 2, 4096, 65536) == data[4096 : 4096 + 65536]
+    # The same inode naming another file (a time range's inode, reused) is not served.
+    assert board.cell_read(CellFile(INODE, SIZE_BYTES, 999), 2, 0, 10) is None
+    assert board.cell_read(FILE, 2, len(data) - 1, 2) is None  # past what the slot holds
+    assert board.claim(FILE, 2) is None  # held
     # The empty slots first, then the ready one (its cell no longer read), then none.
-    claims = [board.claim(INODE + 1, cell) for cell in range(11)]
+    claims = [board.claim(OTHER, cell) for cell in range(11)]
     assert all(claim is not None for claim in claims[:10]) and claims[10] is None
-    assert board.cell_read(INODE, 2, 0, 10) is None
+    assert board.cell_read(FILE, 2, 0, 10) is None
 
 
 def test_a_slot_whose_filler_died_is_taken_back_at_once(board: ReadAhead) -> None:
     """A serving process killed while it fills a cell: the others do not wait for it."""
     child = os.fork()
     if child == 0:  # pragma: no cover - the child
-        claimed = board.claim(INODE, 5)
+        claimed = board.claim(FILE, 5)
         os._exit(0 if claimed is not None else 1)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert board.cell_read(INODE, 5, 0, 10) is None  # not WAITING: its filler is gone
-    claim = board.claim(INODE, 5)
+    assert board.cell_read(FILE, 5, 0, 10) is None  # not WAITING: its filler is gone
+    claim = board.claim(FILE, 5)
     assert claim is not None
     assert board.fill(claim, b"x" * 100)
-    assert board.cell_read(INODE, 5, 0, 100) == b"x" * 100
+    assert board.cell_read(FILE, 5, 0, 100) == b"x" * 100
 
 
 def test_a_fill_after_the_slot_was_taken_back_writes_nothing(
     board: ReadAhead, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    late = board.claim(INODE, 1)
+    late = board.claim(FILE, 1)
     assert late is not None
     monkeypatch.setattr(read_ahead, "STALE_SECONDS", -1.0)  # the filler hangs
-    taker = board.claim(INODE, 1)
+    taker = board.claim(FILE, 1)
     assert taker is not None and taker.slot == late.slot
     assert board.fill(taker, b"a" * 50)
     assert not board.fill(late, b"b" * 50)
-    assert board.cell_read(INODE, 1, 0, 50) == b"a" * 50
+    assert board.cell_read(FILE, 1, 0, 50) == b"a" * 50

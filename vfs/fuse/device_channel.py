@@ -55,7 +55,7 @@ from cutfs.vfs.daemon.request_slot import (
     RequestSlot,
 )
 from cutfs.vfs.fuse.page_pusher import MOST_PUSH_BYTES, PagePusher
-from cutfs.vfs.fuse.read_ahead import PAGE_BYTES, Claim, Job, ReadAhead
+from cutfs.vfs.fuse.read_ahead import PAGE_BYTES, CellFile, Claim, Job, ReadAhead
 
 if TYPE_CHECKING:  # the supervisor uses this module's device functions without them
     from cutfs.vfs.fuse.operations import Operations
@@ -108,6 +108,9 @@ _UNSUPPORTED: Final = {
 #: How long a process serving in turn waits for a request before it lets its event loop
 #: run its other tasks (publishing statistics, releasing catalogue pages).
 _TURN_SECONDS: Final = 1.0
+#: The share of the daemon's deadline for a request that what it decodes may take (the
+#: rest: replying, and the daemon's watch interval).
+_DEADLINE_SHARE: Final = 0.9
 #: How often a read waiting for another process to fill a read-ahead cell looks again.
 _CELL_POLL_SECONDS: Final = 0.001
 #: The longest a read's reply waits for the push of the file's rest, when decoding in turn.
@@ -405,7 +408,11 @@ class DeviceChannel:
                 if job is not None:  # no request waits: decode a cell ahead of a reader
                     slot.begin(READ_AHEAD_UNIQUE, job.inode, deadline_seconds)
                     try:
-                        await self._read_cell_ahead(job)
+                        deadline = trio.current_time() + deadline_seconds * _DEADLINE_SHARE
+                        await self._read_cell_ahead(job, deadline)
+                    except Exception:  # a bug, or a board another process spoiled
+                        self._operations.statistics.error("internal")
+                        log.exception("reading a cell ahead failed")
                     finally:
                         slot.end()
                 elif request is None:
@@ -515,15 +522,19 @@ class DeviceChannel:
     async def _read(self, request: _Request) -> ReadBuffers:
         _, offset, size, _ = _READ_IN.unpack_from(request.body)
         inode = request.nodeid
+        # Whatever this read decodes (its bytes, a cell, a job taken while it waits) ends
+        # before the daemon's deadline for it, which began as the request was read.
+        deadline = trio.current_time() + self._deadline_seconds * _DEADLINE_SHARE
         # Cells are decoded ahead of a reader of a long file (see read_ahead.py): a read
         # in a cell may be answered from the board, a read of a tripwire needs no decode
         # past it, and pushes stop before the next tripwire.
-        size_bytes = None
+        file = None
         if self._read_ahead is not None and self._pusher is not None:
-            size_bytes = self._operations.read_ahead_size(inode)
+            file = self._operations.read_ahead_file(inode)
+        size_bytes = None if file is None else file.size_bytes
         buffers = None
-        if size_bytes is not None:
-            buffers = await self._from_cell(inode, offset, size, size_bytes)
+        if file is not None:
+            buffers = await self._from_cell(file, offset, size, deadline)
         # A cell's pages are pushed by the process that filled it.
         from_cell = buffers is not None
         if buffers is None:
@@ -537,7 +548,9 @@ class DeviceChannel:
             # By inode, not by file handle: a file the kernel opened without asking
             # (Operations.open answered ENOSYS) has handle 0, and the handles of opens
             # that were answered are inodes.
-            buffers = await self._operations.read(inode, offset, size, decode_until=decode_until)
+            buffers = await self._operations.read(
+                inode, offset, size, decode_until=decode_until, deadline=deadline
+            )
         if self._read_ahead is not None and size_bytes is not None:
             self._read_ahead.on_read(inode, offset, size, size_bytes)
             self._count_read_ahead()
@@ -559,32 +572,36 @@ class DeviceChannel:
         return buffers
 
     async def _from_cell(
-        self, inode: int, offset: int, size: int, size_bytes: int
+        self, file: CellFile, offset: int, size: int, deadline: float
     ) -> ReadBuffers | None:
         """The bytes of a read from the read-ahead board: a cell's slot holds them, or
         will once the process filling it is done (waited for, within the read's
         deadline), or the cell was posted and nobody took it yet (then decoded whole here,
         as its job would); None where the read must decode as usual."""
         assert self._read_ahead is not None
-        cell = ReadAhead.cell_of(offset, size, size_bytes)
+        cell = ReadAhead.cell_of(offset, size, file.size_bytes)
         if cell is None:
             return None
-        start, end = ReadAhead.cell_span(cell, size_bytes)
-        give_up = trio.current_time() + self._deadline_seconds / 2
+        start, end = ReadAhead.cell_span(cell, file.size_bytes)
+        # Half the time left at most, so that a read given up on has time to decode.
+        give_up = trio.current_time() + (deadline - trio.current_time()) / 2
         statistics = self._operations.statistics
         while True:
-            held = self._read_ahead.cell_read(inode, cell, offset - start, size)
+            held = self._read_ahead.cell_read(file, cell, offset - start, size)
             if isinstance(held, bytes):
                 statistics.count("read_ahead.cell_reads")
+                statistics.count("reads")
+                statistics.count("read_bytes", len(held))
                 return [held]
             if held is None:
                 claim = None
-                if self._read_ahead.is_posted(inode, cell):
-                    claim = self._read_ahead.claim(inode, cell)
-                if claim is None and self._read_ahead.cell_read(inode, cell, 0, 0) is None:
+                if self._read_ahead.is_posted(file.inode, cell):
+                    claim = self._read_ahead.claim(file, cell)
+                if claim is None and self._read_ahead.cell_read(file, cell, 0, 0) is None:
                     return None  # not read ahead (or no slot free): decoded as usual
                 if claim is not None:
-                    data = await self._fill_cell(claim, start, end, (offset, offset + size))
+                    answering = (offset, offset + size)
+                    data = await self._fill_cell(claim, start, end, deadline, answering)
                     if data is None:
                         return None
                     statistics.count("read_ahead.cells_decoded_for_reads")
@@ -596,26 +613,32 @@ class DeviceChannel:
             # if one is posted (else the two would take turns, not decode side by side).
             job = self._read_ahead.take()
             if job is not None:
-                await self._read_cell_ahead(job)
+                await self._read_cell_ahead(job, give_up)
             else:
                 await trio.sleep(_CELL_POLL_SECONDS)
 
-    async def _read_cell_ahead(self, job: Job) -> None:
-        """Decode a cell of a file read in order into the board and the page cache."""
+    async def _read_cell_ahead(self, job: Job, deadline: float) -> None:
+        """Decode a cell of a file read in order into the board and the page cache, by
+        ``deadline``."""
         assert self._read_ahead is not None
         self._count_read_ahead()
-        size_bytes = self._operations.read_ahead_size(job.inode)
-        if size_bytes is None or self._pusher is None:
-            return  # forgotten, or not a file read ahead
-        start, end = ReadAhead.cell_span(job.cell, size_bytes)
+        file = self._operations.read_ahead_file(job.inode)
+        if file is None or self._pusher is None:
+            return  # forgotten, not indexed here yet, or not a file read ahead
+        start, end = ReadAhead.cell_span(job.cell, file.size_bytes)
         if end <= start:
             return
-        claim = self._read_ahead.claim(job.inode, job.cell)
+        claim = self._read_ahead.claim(file, job.cell)
         if claim is not None:  # else held or being filled already
-            await self._fill_cell(claim, start, end)
+            await self._fill_cell(claim, start, end, deadline)
 
     async def _fill_cell(
-        self, claim: Claim, start: int, end: int, answering: tuple[int, int] | None = None
+        self,
+        claim: Claim,
+        start: int,
+        end: int,
+        deadline: float,
+        answering: tuple[int, int] | None = None,
     ) -> bytes | None:
         """Decode the bytes ``[start, end)`` of a claimed cell, fill its slot and push
         them into the page cache, but for the bytes ``answering`` (those of the read this
@@ -623,11 +646,12 @@ class DeviceChannel:
         if they could not be decoded (the slot is given back)."""
         assert self._read_ahead is not None and self._pusher is not None
         started = time.perf_counter()
-        buffers = await self._operations.read_ahead(claim.inode, start, end - start)
+        inode = claim.file.inode
+        buffers = await self._operations.read_ahead(inode, start, end - start, deadline)
         log.debug(
             "cell %d of inode %d decoded in %.1f ms",
             claim.cell,
-            claim.inode,
+            inode,
             (time.perf_counter() - started) * 1000,
         )
         data = b"".join(buffers) if buffers is not None else b""
@@ -641,7 +665,7 @@ class DeviceChannel:
         for piece_start, piece_end in ((after, end), (start, first - first % PAGE_BYTES)):
             if piece_end > piece_start:
                 piece = memoryview(data)[piece_start - start : piece_end - start]
-                self._pusher.push(claim.inode, piece_start, functools.partial(_as_is, [piece]))
+                self._pusher.push(inode, piece_start, functools.partial(_as_is, [piece]))
         return data
 
     def _count_read_ahead(self) -> None:

@@ -45,6 +45,7 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 
 from cutfs.codec.errors import CutfsError
+from cutfs.vfs.fuse.read_ahead import CellFile
 from cutfs.vfs.stats.statistics import Statistics
 from cutfs.vfs.tree.filesystem import Attributes, Filesystem, FsError, ReadBuffers
 from cutfs.vfs.tree.snapshot_store import SnapshotStore
@@ -248,40 +249,57 @@ class Operations(pyfuse3.Operations):
 
     @_errno_boundary
     async def read(  # type: ignore[override]
-        self, inode: int, off: int, size: int, *, decode_until: int | None = None
+        self,
+        inode: int,
+        off: int,
+        size: int,
+        *,
+        decode_until: int | None = None,
+        deadline: float | None = None,
     ) -> ReadBuffers:
         """Bytes of the file ``inode`` (its file handle, when opens are answered), as
         buffers to be written out in order (see :meth:`Filesystem.read_buffers`, and
-        ``decode_until`` there): the :class:`~cutfs.vfs.fuse.device_channel.DeviceChannel`
-        answers reads, not pyfuse3."""
+        ``decode_until`` and ``deadline`` there): the
+        :class:`~cutfs.vfs.fuse.device_channel.DeviceChannel` answers reads, not pyfuse3."""
         if inode & _SNAPSHOT_INODES:
             return [(await self._snapshot(inode))[off : off + size]]
         started = time.perf_counter()
-        buffers = await self._fs.read_buffers(inode, off, size, decode_until=decode_until)
+        buffers = await self._fs.read_buffers(
+            inode, off, size, decode_until=decode_until, deadline=deadline
+        )
         self._statistics.observe("read", time.perf_counter() - started)
         self._statistics.count("reads")
         self._statistics.count("read_bytes", sum(len(buffer) for buffer in buffers))
         return buffers
 
-    def read_ahead_size(self, inode: int) -> int | None:
-        """The size of a file whose cells may be read ahead (a WAV file whose recording is
-        indexed, served through the page cache); None for any other."""
+    def read_ahead_file(self, inode: int) -> CellFile | None:
+        """A file whose cells may be read ahead (a WAV file whose recording is indexed,
+        served through the page cache), as the read-ahead board names it; None for any
+        other, or one the kernel forgot."""
         if self._direct_io or inode & _SNAPSHOT_INODES:
             return None
         try:
-            return self._fs.wav_size(inode)
+            found = self._fs.wav_file(inode)
+        except FsError:  # forgotten (a time range)
+            return None
         except Exception:
             self._statistics.error("internal")
             log.exception("cannot tell the size of inode %d", inode)
             return None
+        return None if found is None else CellFile(inode, *found)
 
-    async def read_ahead(self, inode: int, offset: int, size: int) -> ReadBuffers | None:
+    async def read_ahead(
+        self, inode: int, offset: int, size: int, deadline: float | None = None
+    ) -> ReadBuffers | None:
         """The bytes ``[offset, offset + size)`` of a file for the page cache, decoded
-        exactly (see :mod:`cutfs.vfs.fuse.read_ahead`); None when they cannot be had (the
-        failure is logged, and the reader's own read will report it)."""
+        exactly (see :mod:`cutfs.vfs.fuse.read_ahead`), by ``deadline`` if given; None
+        when they cannot be had (the failure is logged, and the reader's own read will
+        report it)."""
         started = time.perf_counter()
         try:
-            buffers = await self._fs.read_buffers(inode, offset, size, decode_until=offset + size)
+            buffers = await self._fs.read_buffers(
+                inode, offset, size, decode_until=offset + size, deadline=deadline
+            )
         except Exception as exc:
             self._statistics.count("read_ahead.failed")
             log.warning("cannot read ahead inode %d at byte %d: %s", inode, offset, exc)

@@ -8,7 +8,7 @@ is opened by name): a queue of *cells* to decode (a pipe of fixed-size jobs, eac
 written atomically), a table of the files being read in order, and the decoded cells
 themselves, in shared memory.
 
-**Cells and tripwires.**  Every file longer than two cells is cut into cells of
+**Cells and tripwires.**  Every file of two cells or more is cut into cells of
 :data:`CELL_BYTES`, and the last page of each cell but the file's last is a
 *tripwire*: pushes of a file's cached rest (:mod:`cutfs.vfs.fuse.page_pusher`) stop
 before it, so a reader going on in order asks for it, and that request tells the
@@ -29,20 +29,26 @@ it yet, the process claims it and decodes it whole itself.  A cell's pages pushe
 while the reader's request for some of them is in flight wait for that request, which
 the slot answers: no process waits for another that waits for it.
 
-**Bounds.**  A file gets jobs only while its tripwires are read in order, at most
-``most_cells`` cells past the last one read; a job is dropped when it is older than
+**Bounds.**  A file gets jobs only as its tripwires are read: one cell ahead of a
+tripwire read alone (a scattered reader crossing one), at most ``most_cells`` cells past
+the last one read while they are read in order; a job is dropped when it is older than
 :data:`JOB_SECONDS` or its reader has passed it, and the queue drops what does not
 fit in its pipe.  The shared memory holds ``2 * most_cells + 2`` cells (40 MiB for the
-default 4), allocated as they are first filled; a slot is reused oldest first.
+default 4, 520 MiB for the most, 64), allocated when the board is made and sealed against
+resizing; a slot is reused oldest first.  Everything a read decodes for the board (its
+cell, a job it takes while it waits for one) ends by that read's own deadline.
 
-**Trust.**  Only serving processes read and write the board, and they trust it no
-more than a hint: a job names an inode and a cell, checked against the file found
-(nothing past its end is decoded); a slot is named by inode, cell and a generation
-number, taken and filled under a lock (``lockf``), and its bytes are what a read of
-them returns.  A slot being filled by a process that died or hangs is taken back
-at once if that process is gone (killed, crashed), after :data:`STALE_SECONDS` if it
-hangs; and a reader waits for a slot no longer than half its read's deadline, then
-decodes the bytes itself.
+**Trust.**  Only serving processes read and write the board (the supervisor makes it
+and never reads it).  A job names an inode and a cell, checked against the file found
+(nothing past its end is decoded); a slot is named by inode, the file's identity (an
+inode of a time range may name another range later), cell and a generation number,
+taken and filled under a lock (``lockf``, tried for at most 50 ms: a stopped holder
+must not stop the others), and its bytes are what a read of them returns: the serving
+processes trust each other's decodes as they trust their own.  Numbers read from the
+board are bounded before use (a filler's process id, the generation).  A slot being
+filled by a process that is gone (killed, crashed) is taken back at once, one filled
+for longer than :data:`STALE_SECONDS` (a hung filler) too; a reader waits for a slot at
+most half the time its read has left, then decodes the bytes itself.
 """
 
 from __future__ import annotations
@@ -78,8 +84,14 @@ _JOB: Final = struct.Struct("<QQd")  # inode, cell, monotonic seconds when poste
 #: order, the last cell posted.
 _STREAM: Final = struct.Struct("<Qqqq")
 #: A cell slot: inode, cell, state, the process filling it, generation, bytes held,
-#: monotonic seconds of the last change.
-_SLOT: Final = struct.Struct("<QqIIQQd")
+#: monotonic seconds of the last change, and the identity of the file the inode named
+#: (inodes of time ranges are reused once the kernel forgets them).
+_SLOT: Final = struct.Struct("<QqIIQQdQ")
+#: Process ids are below this (the kernel's ``pid_max`` at most); a filler outside is
+#: not one.
+_PID_LIMIT: Final = 1 << 22
+#: How long a process tries for the board's lock before it does without the board.
+_LOCK_SECONDS: Final = 0.05
 _EMPTY, _FILLING, _READY = 0, 1, 2
 
 
@@ -92,12 +104,22 @@ class Job:
 
 
 @dataclass(frozen=True)
+class CellFile:
+    """The file a cell belongs to: its inode, its size and an identity that tells it from
+    another file the same inode may name later (see :meth:`Operations.read_ahead_file`)."""
+
+    inode: int
+    size_bytes: int
+    identity: int
+
+
+@dataclass(frozen=True)
 class Claim:
     """A cell slot this process fills (see :meth:`ReadAhead.claim`)."""
 
     slot: int
     generation: int
-    inode: int
+    file: CellFile
     cell: int
 
 
@@ -130,9 +152,13 @@ class ReadAhead:
     def create(cls, most_cells: int) -> ReadAhead:
         """A new, empty board (the supervisor's, once per mount)."""
         jobs_read, jobs_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        memory = os.memfd_create("cutfs-read-ahead", os.MFD_CLOEXEC)
+        memory = os.memfd_create("cutfs-read-ahead", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            os.ftruncate(memory, _memory_bytes(most_cells))
+            # Allocated now, not under the lock at the first fill; sealed, so that no
+            # serving process can shrink it under the others' maps (SIGBUS).
+            os.posix_fallocate(memory, 0, _memory_bytes(most_cells))
+            seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+            fcntl.fcntl(memory, fcntl.F_ADD_SEALS, seals)
             return cls((jobs_read, jobs_write, memory), most_cells)
         except BaseException:
             for fd in (jobs_read, jobs_write, memory):
@@ -169,7 +195,7 @@ class ReadAhead:
         if size_bytes < 2 * CELL_BYTES:
             return size_bytes
         tripwire = (offset // CELL_BYTES + 1) * CELL_BYTES - PAGE_BYTES
-        if offset >= tripwire:
+        if offset > tripwire:  # within the tripwire page: the next one
             tripwire += CELL_BYTES
         return tripwire if tripwire + PAGE_BYTES < size_bytes else size_bytes
 
@@ -240,17 +266,23 @@ class ReadAhead:
 
     def _tripped(self, inode: int, cell: int, last_cell: int) -> None:
         """The reader of ``inode`` passed the end of ``cell``: post the cells ahead."""
-        followed, tripped, streak, posted = self._stream(inode)
-        if followed != inode:
-            tripped, streak, posted = -1, 0, -1
-        if tripped >= cell:
-            return  # told already
-        streak = streak + 1 if tripped == cell - 1 else 1
-        window = min(1 << min(streak - 1, 8), self._most_cells)
-        last = min(cell + window, last_cell)
-        for ahead in range(max(cell + 1, posted + 1), last + 1):
+        with self._locked() as locked:
+            if not locked:
+                return
+            followed, tripped, streak, posted = self._stream(inode)
+            if followed != inode or cell < tripped:  # another file, or a pass over again
+                tripped, streak, posted = -1, 0, -1
+            if tripped >= cell:
+                return  # told already
+            streak = min(streak + 1 if tripped == cell - 1 else 1, 64)
+            window = min(1 << (streak - 1), self._most_cells)
+            last = min(cell + window, last_cell)
+            first = max(cell + 1, posted + 1)
+            _STREAM.pack_into(
+                self._map, self._stream_at(inode), inode, cell, streak, max(last, posted)
+            )
+        for ahead in range(first, last + 1):
             self._post(inode, ahead)
-        _STREAM.pack_into(self._map, self._stream_at(inode), inode, cell, streak, max(last, posted))
 
     def _stream(self, inode: int) -> tuple[int, int, int, int]:
         """The table's entry for ``inode``: (the inode it follows, tripped, streak, posted)."""
@@ -273,17 +305,21 @@ class ReadAhead:
 
     # -- cells -----------------------------------------------------------------------------
 
-    def claim(self, inode: int, cell: int) -> Claim | None:
-        """A slot to fill with ``cell`` of ``inode``; None if one holds it or is being
-        filled with it already, or every slot is being filled."""
+    def claim(self, file: CellFile, cell: int) -> Claim | None:
+        """A slot to fill with ``cell`` of ``file``; None if one holds it or is being
+        filled with it already, or every slot is being filled (or the board is locked
+        for too long)."""
         now = time.monotonic()
-        with self._locked():
+        with self._locked() as locked:
+            if not locked:
+                return None
             victim = None
             victim_stamp = now
             for slot in range(self._cells):
-                held_inode, held_cell, state, filler, _, _, stamp = self._slot(slot)
+                held_inode, held_cell, state, filler, _, _, stamp, identity = self._slot(slot)
                 stale = state == _FILLING and _abandoned(filler, now - stamp)
-                if held_inode == inode and held_cell == cell and state != _EMPTY:
+                same = (held_inode, identity) == (file.inode, file.identity)
+                if same and held_cell == cell and state != _EMPTY:
                     if not stale:
                         return None
                     victim = slot  # taken back: a cell is never in two slots
@@ -294,23 +330,23 @@ class ReadAhead:
                     victim, victim_stamp = slot, stamp
             if victim is None:
                 return None
-            generation = self._slot(victim)[4] + 1
-            self._set_slot(victim, inode, cell, _FILLING, os.getpid(), generation, 0, now)
-        return Claim(victim, generation, inode, cell)
+            generation = (self._slot(victim)[4] + 1) % (1 << 64)
+            self._set_slot(victim, file, cell, _FILLING, os.getpid(), generation, 0, now)
+        return Claim(victim, generation, file, cell)
 
     def fill(self, claim: Claim, data: bytes | memoryview) -> bool:
         """Copy a claimed cell's bytes into its slot, making it ready; False if the slot
         was taken back meanwhile (nothing copied)."""
         if len(data) > CELL_BYTES:
             raise ValueError(f"{len(data)} bytes do not fit a cell")
-        with self._locked():
-            if self._slot(claim.slot)[4] != claim.generation:
+        with self._locked() as locked:
+            if not locked or self._slot(claim.slot)[4] != claim.generation:
                 return False
             start = self._data_at + claim.slot * CELL_BYTES
             self._map[start : start + len(data)] = data
             self._set_slot(
                 claim.slot,
-                claim.inode,
+                claim.file,
                 claim.cell,
                 _READY,
                 0,
@@ -322,18 +358,23 @@ class ReadAhead:
 
     def abandon(self, claim: Claim) -> None:
         """Give a claimed slot back unfilled (its decode failed)."""
-        with self._locked():
-            if self._slot(claim.slot)[4] == claim.generation:
-                self._set_slot(claim.slot, 0, -1, _EMPTY, 0, claim.generation, 0, time.monotonic())
+        with self._locked() as locked:
+            if locked and self._slot(claim.slot)[4] == claim.generation:
+                nobody = CellFile(0, 0, 0)
+                self._set_slot(
+                    claim.slot, nobody, -1, _EMPTY, 0, claim.generation, 0, time.monotonic()
+                )
 
-    def cell_read(self, inode: int, cell: int, start: int, size: int) -> bytes | Waiting | None:
-        """``size`` bytes from byte ``start`` of a cell of ``inode`` (counted from the
+    def cell_read(self, file: CellFile, cell: int, start: int, size: int) -> bytes | Waiting | None:
+        """``size`` bytes from byte ``start`` of a cell of ``file`` (counted from the
         cell's first byte), if a slot holds them; :data:`WAITING` while a process fills
-        the cell; None if no slot holds or fills it."""
-        with self._locked():
+        the cell; None if no slot holds or fills it (or the board is locked too long)."""
+        with self._locked() as locked:
+            if not locked:
+                return None
             for slot in range(self._cells):
-                held_inode, held_cell, state, filler, _, held, stamp = self._slot(slot)
-                if held_inode != inode or held_cell != cell:
+                held_inode, held_cell, state, filler, _, held, stamp, identity = self._slot(slot)
+                if (held_inode, identity, held_cell) != (file.inode, file.identity, cell):
                     continue
                 if state == _READY and start + size <= held:
                     at = self._data_at + slot * CELL_BYTES + start
@@ -342,8 +383,8 @@ class ReadAhead:
                     return WAITING
         return None
 
-    def _slot(self, slot: int) -> tuple[int, int, int, int, int, int, float]:
-        values: tuple[int, int, int, int, int, int, float] = _SLOT.unpack_from(
+    def _slot(self, slot: int) -> tuple[int, int, int, int, int, int, float, int]:
+        values: tuple[int, int, int, int, int, int, float, int] = _SLOT.unpack_from(
             self._map, self._slots_at + slot * _SLOT.size
         )
         return values
@@ -351,7 +392,7 @@ class ReadAhead:
     def _set_slot(
         self,
         slot: int,
-        inode: int,
+        file: CellFile,
         cell: int,
         state: int,
         filler: int,
@@ -362,22 +403,34 @@ class ReadAhead:
         _SLOT.pack_into(
             self._map,
             self._slots_at + slot * _SLOT.size,
-            inode,
+            file.inode,
             cell,
             state,
             filler,
             generation,
             held,
             stamp,
+            file.identity,
         )
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> Iterator[bool]:
         """The board's lock: a record lock on the memory (per process, so that processes
-        sharing the descriptor still exclude each other; released if the holder dies)."""
-        fcntl.lockf(self._memory_fd, fcntl.LOCK_EX, 1)
+        sharing the descriptor still exclude each other; released if the holder dies).
+        Yields whether it was had within :data:`_LOCK_SECONDS`: a holder stopped or
+        stalled must not stop the others, who then do without the board."""
+        deadline = time.monotonic() + _LOCK_SECONDS
+        while True:
+            try:
+                fcntl.lockf(self._memory_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    yield False
+                    return
+                time.sleep(0.0005)
         try:
-            yield
+            yield True
         finally:
             fcntl.lockf(self._memory_fd, fcntl.LOCK_UN, 1)
 
@@ -385,7 +438,7 @@ class ReadAhead:
 def _abandoned(filler: int, seconds: float) -> bool:
     """Whether a slot that process ``filler`` has been filling for ``seconds`` is to be
     taken back: it has been too long, or that process is gone (killed, crashed)."""
-    if seconds > STALE_SECONDS or filler <= 0:
+    if seconds > STALE_SECONDS or not 0 < filler < _PID_LIMIT:
         return True
     try:
         os.kill(filler, 0)

@@ -375,24 +375,44 @@ class Filesystem:
         return b"".join(await self.read_buffers(inode, offset, size))
 
     async def read_buffers(
-        self, inode: int, offset: int, size: int, *, decode_until: int | None = None
+        self,
+        inode: int,
+        offset: int,
+        size: int,
+        *,
+        decode_until: int | None = None,
+        deadline: float | None = None,
     ) -> ReadBuffers:
         """The bytes of :meth:`read`, as buffers to be written out in order: the reply to
         the kernel gathers them in one ``writev``, so the samples go from the block cache
         to the kernel without being joined into a bytes object first (a copy of 320 KB
         per 10 s cut, into memory the process must fault in).  ``decode_until``: decode
         nothing for the bytes from this one on (where cells are decoded ahead of the
-        reader, see :mod:`cutfs.vfs.fuse.read_ahead`)."""
-        with self._request():
+        reader, see :mod:`cutfs.vfs.fuse.read_ahead`); ``deadline``: a time (trio's clock)
+        the read must end by, if sooner than its own deadline (the request it is done for
+        began earlier)."""
+        with self._request(deadline):
             return await self._read(inode, offset, size, decode_until)
 
-    def wav_size(self, inode: int) -> int | None:
-        """The size of a WAV file whose recording is indexed, in bytes; None for any other
-        node (never indexes or waits)."""
+    def wav_file(self, inode: int) -> tuple[int, int] | None:
+        """The size in bytes of a WAV file whose recording is indexed, and a number that
+        tells it from another file the same inode may name later (its recording, span,
+        channels and layout, hashed); None for any other node (never indexes or waits)."""
         if self._kind(inode) is not NodeKind.WAV:
             return None
         source = self._known_wav_source(inode)
-        return None if source is None else source.layout.size_bytes
+        if source is None:
+            return None
+        layout = source.layout
+        described = (
+            source.recording_index,
+            source.start_frame,
+            source.output_start,
+            tuple(source.channels),
+            layout.num_frames,
+            layout.size_bytes,
+        )
+        return layout.size_bytes, hash(described) % (1 << 64)
 
     async def _read(
         self, inode: int, offset: int, size: int, decode_until: int | None = None
@@ -589,9 +609,11 @@ class Filesystem:
     # -- helpers ----------------------------------------------------------------------------
 
     @contextmanager
-    def _request(self) -> Iterator[None]:
-        """The span of one kernel request: its deadline starts now (see :meth:`_waiting`)."""
-        token = _REQUEST_DEADLINE.set(trio.current_time() + self._frames.deadline_seconds)
+    def _request(self, deadline: float | None = None) -> Iterator[None]:
+        """The span of one kernel request: its deadline starts now (see :meth:`_waiting`),
+        or is ``deadline`` if that is sooner."""
+        own = trio.current_time() + self._frames.deadline_seconds
+        token = _REQUEST_DEADLINE.set(own if deadline is None else min(own, deadline))
         try:
             yield
         finally:
