@@ -593,19 +593,18 @@ class DeviceChannel:
                 statistics.count("reads")
                 statistics.count("read_bytes", len(held))
                 return [held]
-            if held is None:
+            if held is None:  # nobody holds or fills the cell
                 claim = None
                 if self._read_ahead.is_posted(file.inode, cell):
                     claim = self._read_ahead.claim(file, cell)
-                if claim is None and self._read_ahead.cell_read(file, cell, 0, 0) is None:
+                if claim is None:
                     return None  # not read ahead (or no slot free): decoded as usual
-                if claim is not None:
-                    answering = (offset, offset + size)
-                    data = await self._fill_cell(claim, start, end, deadline, answering)
-                    if data is None:
-                        return None
-                    statistics.count("read_ahead.cells_decoded_for_reads")
-                    return [data[offset - start : offset - start + size]]
+                answering = (offset, offset + size)
+                data = await self._fill_cell(claim, start, end, deadline, answering)
+                if data is None:
+                    return None
+                statistics.count("read_ahead.cells_decoded_for_reads")
+                return [data[offset - start : offset - start + size]]
             if trio.current_time() > give_up:
                 statistics.count("read_ahead.cell_waits_given_up")
                 return None

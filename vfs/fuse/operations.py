@@ -45,7 +45,7 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 
 from cutfs.codec.errors import CutfsError
-from cutfs.vfs.fuse.read_ahead import CellFile
+from cutfs.vfs.fuse.read_ahead import SHORTEST_FILE_BYTES, CellFile
 from cutfs.vfs.stats.statistics import Statistics
 from cutfs.vfs.tree.filesystem import Attributes, Filesystem, FsError, ReadBuffers
 from cutfs.vfs.tree.snapshot_store import SnapshotStore
@@ -273,9 +273,10 @@ class Operations(pyfuse3.Operations):
         return buffers
 
     def read_ahead_file(self, inode: int) -> CellFile | None:
-        """A file whose cells may be read ahead (a WAV file whose recording is indexed,
-        served through the page cache), as the read-ahead board names it; None for any
-        other, or one the kernel forgot."""
+        """A file whose cells may be read ahead (a WAV file of two cells or more whose
+        recording is indexed, served through the page cache), as the read-ahead board
+        names it; None for any other (a cut's read takes the usual path), or one the
+        kernel forgot."""
         if self._direct_io or inode & _SNAPSHOT_INODES:
             return None
         try:
@@ -286,7 +287,9 @@ class Operations(pyfuse3.Operations):
             self._statistics.error("internal")
             log.exception("cannot tell the size of inode %d", inode)
             return None
-        return None if found is None else CellFile(inode, *found)
+        if found is None or found[0] < SHORTEST_FILE_BYTES:
+            return None
+        return CellFile(inode, *found)
 
     async def read_ahead(
         self, inode: int, offset: int, size: int, deadline: float | None = None

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import logging
 import mmap
 import os
 import struct
@@ -65,10 +64,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
 
-log = logging.getLogger("cutfs.read_ahead")
-
 #: The unit of read-ahead, in bytes of a file (131 s of 16 kHz mono 16-bit audio).
 CELL_BYTES: Final = 4 << 20
+#: Files shorter than this (two cells: every cut) are not read ahead.
+SHORTEST_FILE_BYTES: Final = 2 * CELL_BYTES
 #: The kernel's page: a tripwire is the last one of a cell.
 PAGE_BYTES: Final = 4096
 #: Cells decoded ahead of the last tripwire a reader passed, at most, unless told.
@@ -192,7 +191,7 @@ class ReadAhead:
     def push_end(offset: int, size_bytes: int) -> int:
         """Where a push of a file of ``size_bytes`` starting at ``offset`` must stop: before
         the next tripwire (the file's end when it has none)."""
-        if size_bytes < 2 * CELL_BYTES:
+        if size_bytes < SHORTEST_FILE_BYTES:
             return size_bytes
         tripwire = (offset // CELL_BYTES + 1) * CELL_BYTES - PAGE_BYTES
         if offset > tripwire:  # within the tripwire page: the next one
@@ -203,7 +202,7 @@ class ReadAhead:
     def is_tripwire(offset: int, size_bytes: int) -> bool:
         """Whether a read at ``offset`` starts on a tripwire (it needs no decode ahead)."""
         return (
-            size_bytes >= 2 * CELL_BYTES
+            size_bytes >= SHORTEST_FILE_BYTES
             and offset % CELL_BYTES == CELL_BYTES - PAGE_BYTES
             and offset + PAGE_BYTES < size_bytes
         )
@@ -219,7 +218,7 @@ class ReadAhead:
     def cell_of(offset: int, size: int, size_bytes: int) -> int | None:
         """The cell whose slot may answer a read of ``[offset, offset + size)``: the one it
         lies in, tripwires excluded; None for a short file or a read across cells."""
-        if size_bytes < 2 * CELL_BYTES or size <= 0:
+        if size_bytes < SHORTEST_FILE_BYTES or size <= 0:
             return None
         cell = offset // CELL_BYTES
         start, end = ReadAhead.cell_span(cell, size_bytes)
@@ -230,7 +229,7 @@ class ReadAhead:
     def on_read(self, inode: int, offset: int, size: int, size_bytes: int) -> None:
         """A read of ``[offset, offset + size)`` was answered: post the jobs its tripwires
         call for."""
-        if size_bytes < 2 * CELL_BYTES or size <= 0:
+        if size_bytes < SHORTEST_FILE_BYTES or size <= 0:
             return
         end = min(offset + size, size_bytes)
         for cell in range(offset // CELL_BYTES, (end - 1) // CELL_BYTES + 1):

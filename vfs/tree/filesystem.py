@@ -562,17 +562,15 @@ class Filesystem:
             start = source.start_frame
             frames = self._frames.cached_frames(source.recording_index, start + first, start + last)
             if frames is None:
+                ahead_end = min(source.layout.num_frames, last + _READAHEAD_FRAMES)
+                if until_frame is not None:
+                    ahead_end = min(ahead_end, until_frame)
                 with self._waiting("reading", source.recording_index):
                     frames = await self._frames.frames(
                         source.recording_index,
                         start + first,
                         start + last,
-                        readahead_end=start
-                        + min(
-                            source.layout.num_frames,
-                            last + _READAHEAD_FRAMES,
-                            until_frame if until_frame is not None else last + _READAHEAD_FRAMES,
-                        ),
+                        readahead_end=start + ahead_end,
                         in_order=in_order,
                     )
             return frames[:, list(source.channels)] if source.channels else frames
